@@ -1,0 +1,61 @@
+"""The exception tree of Spotlight.
+
+Recoverable errors (a request can be retried elsewhere, a run goes on) derive from
+``Recoverable``; fatal ones (a peer is gone for good, a protocol was broken, a config is wrong)
+derive from ``Fatal``. Code catches the narrowest class it can act on and never swallows others.
+"""
+
+from __future__ import annotations
+
+
+class SpotlightError(Exception):
+    """Root of every error Spotlight raises on purpose."""
+
+
+# --- recoverable -------------------------------------------------------------------------------
+class Recoverable(SpotlightError):
+    """The operation failed, but retrying it (possibly elsewhere) is sound."""
+
+
+class Preempted(Recoverable):
+    """This worker or node received a spot notice and is leaving."""
+
+
+class LeaseExpired(Recoverable):
+    """A lease was not renewed in time; the request went back to the queue."""
+
+
+class ActorTimeout(Recoverable):
+    """A remote actor did not answer within the request's timeout."""
+
+
+class StaleAttempt(Recoverable):
+    """A result came from an attempt that is no longer current (fenced off)."""
+
+
+# --- fatal ----------------------------------------------------------------------------------------
+class Fatal(SpotlightError):
+    """Retrying cannot help."""
+
+
+class ActorDead(Fatal):
+    """The remote actor's process is gone."""
+
+
+class ProtocolError(Fatal):
+    """A frame or message broke the wire protocol (malformed, oversized, wrong type)."""
+
+
+class ConfigError(Fatal, ValueError):
+    """A recipe or config field is unknown or out of range; the message names the field."""
+
+
+class CapacityError(Fatal):
+    """A bounded resource (e.g. the tensor store's memory cap) would be exceeded."""
+
+
+class NotFound(Fatal, KeyError):
+    """A key, weights version, checkpoint or model folder does not exist."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
