@@ -59,3 +59,7 @@ class NotFound(Fatal, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""
+
+
+class RemoteError(Fatal):
+    """The remote actor failed while handling a request (a bug on its side, not ours)."""

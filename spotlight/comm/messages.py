@@ -1,0 +1,450 @@
+"""Every message that crosses a process boundary in Spotlight, declared as a typed class.
+
+One ``@dataclass(kw_only=True, slots=True)`` class per message, registered under a short type tag
+in ``MESSAGES`` (the tag is what travels on the wire, see ``spotlight.comm.codec``). Field
+annotations are the wire contract: the decoder checks every received field against them.
+
+Allowed field types: ``int``, ``float``, ``bool``, ``str``, ``bytes``, ``None``, ``Any``
+(any msgpack-able value, tensors included), ``list[T]``, ``dict[str, T]``, ``T | None``,
+``Literal[...]``, ``Tensor`` (a numpy array; torch CPU tensors are accepted when encoding) and
+another registered message class (sent as its field map). Tensors may also sit anywhere inside
+``dict``/``list``/``Any`` values: the codec moves them out of band wherever they are.
+
+To add a message: append a class at the end of the right section with ``@register("tag")`` above
+``@dataclass(kw_only=True, slots=True)``; tags must be unique (registration fails loudly).
+
+This module knows the shapes of messages only; it knows nothing of sockets, framing or actors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+Tensor = np.ndarray
+"""A tensor field: travels as one raw out-of-band frame, arrives as a zero-copy numpy view."""
+
+RequestKind = Literal["rollout", "explore"]
+
+
+class Message:
+    """Base class of every wire message; ``TAG`` is set by ``register``."""
+
+    __slots__ = ()
+    TAG: ClassVar[str] = ""
+
+
+MESSAGES: dict[str, type[Message]] = {}
+"""Type tag -> message class; the decoder accepts only tags found here."""
+
+
+def register(tag: str):
+    """Class decorator: give a message class its wire tag and add it to ``MESSAGES``."""
+
+    def add(cls: type[Message]) -> type[Message]:
+        if not (isinstance(tag, str) and 0 < len(tag) <= 32):
+            raise ValueError(f"message tag must be a 1..32 char str, got {tag!r}")
+        if tag in MESSAGES:
+            raise ValueError(f"message tag {tag!r} already used by {MESSAGES[tag].__name__}")
+        if not issubclass(cls, Message):
+            raise TypeError(f"{cls.__name__} must derive from Message")
+        cls.TAG = tag
+        MESSAGES[tag] = cls
+        return cls
+
+    return add
+
+
+# --- generic replies ------------------------------------------------------------------------------
+@register("ok")
+@dataclass(kw_only=True, slots=True)
+class Ok(Message):
+    """The request was applied; nothing to return."""
+
+
+@register("err")
+@dataclass(kw_only=True, slots=True)
+class ErrorReply(Message):
+    """The request failed. ``code`` names a class of ``spotlight.errors`` (e.g. "StaleAttempt")
+    so the client can raise the same class; "RemoteError" for anything else."""
+
+    code: str
+    message: str
+
+
+# --- request queue --------------------------------------------------------------------------------
+@register("q.submit")
+@dataclass(kw_only=True, slots=True)
+class Submit(Message):
+    """Enqueue requests. Each dict: request_id (str), kind ("rollout"|"explore"), iteration (int),
+    payload (dict). Replied with Ok."""
+
+    requests: list[dict[str, Any]]
+
+
+@register("q.pull")
+@dataclass(kw_only=True, slots=True)
+class Pull(Message):
+    """Ask for one request of the given kinds, waiting up to ``max_wait_s`` for one to appear.
+    Replied with LeaseGrant or NoWork."""
+
+    worker_id: str
+    kinds: list[RequestKind]
+    max_wait_s: float = 0.0
+
+
+@register("q.lease")
+@dataclass(kw_only=True, slots=True)
+class LeaseGrant(Message):
+    """A time-limited claim on one request. ``deadline`` is in the queue's clock; ``lease_s`` is
+    the lease length, which is what a remote worker should schedule heartbeats by (no shared
+    clock). ``resume`` is None or {request_id, step, key}: the last commit to resume from."""
+
+    request_id: str
+    attempt: int
+    deadline: float
+    lease_s: float
+    kind: RequestKind
+    iteration: int
+    payload: dict[str, Any]
+    resume: dict[str, Any] | None = None
+
+
+@register("q.nowork")
+@dataclass(kw_only=True, slots=True)
+class NoWork(Message):
+    """Pull found nothing within its wait."""
+
+
+@register("q.hb")
+@dataclass(kw_only=True, slots=True)
+class Heartbeat(Message):
+    """Extend a lease; ``committed_step`` is the last step committed to the tensor store (or
+    None). Replied with LeaseExtended, or ErrorReply(StaleAttempt) if the attempt was fenced."""
+
+    request_id: str
+    attempt: int
+    worker_id: str
+    committed_step: int | None = None
+
+
+@register("q.extended")
+@dataclass(kw_only=True, slots=True)
+class LeaseExtended(Message):
+    """The lease now runs until ``deadline`` (queue clock), i.e. ``lease_s`` from now."""
+
+    request_id: str
+    attempt: int
+    deadline: float
+    lease_s: float
+
+
+@register("q.release")
+@dataclass(kw_only=True, slots=True)
+class Release(Message):
+    """Give a lease back at once (spot notice); not counted toward the retry cap."""
+
+    request_id: str
+    attempt: int
+    worker_id: str
+
+
+@register("q.complete")
+@dataclass(kw_only=True, slots=True)
+class Complete(Message):
+    """The attempt finished; accepted only from the current attempt (fencing)."""
+
+    request_id: str
+    attempt: int
+    worker_id: str
+    result: dict[str, Any]
+
+
+@register("q.fail")
+@dataclass(kw_only=True, slots=True)
+class Fail(Message):
+    """The attempt failed; the request is re-queued, or dead-lettered after max_attempts."""
+
+    request_id: str
+    attempt: int
+    worker_id: str
+    error: str
+
+
+@register("q.wait_iter")
+@dataclass(kw_only=True, slots=True)
+class WaitIteration(Message):
+    """Wait until every request of ``iteration`` is completed or dead-lettered."""
+
+    iteration: int
+    timeout_s: float
+
+
+@register("q.iter_done")
+@dataclass(kw_only=True, slots=True)
+class IterationDone(Message):
+    """Results in submit order (None where dead-lettered); ``dead`` lists those request ids."""
+
+    iteration: int
+    results: list[dict[str, Any] | None]
+    dead: list[str]
+
+
+@register("q.stats")
+@dataclass(kw_only=True, slots=True)
+class QueueStats(Message):
+    """Ask for the queue's counters; replied with QueueStatsReply."""
+
+
+@register("q.stats_reply")
+@dataclass(kw_only=True, slots=True)
+class QueueStatsReply(Message):
+    stats: dict[str, Any]
+    dead_letters: list[dict[str, Any]]
+
+
+# Batched forms: one round trip for many operations. They exist for throughput (the control-plane
+# goal is >= 20k lease+complete/s, about 8x what one-at-a-time round trips reach in Python).
+@register("q.pull_many")
+@dataclass(kw_only=True, slots=True)
+class PullMany(Message):
+    """Up to ``max_n`` leases at once; waits up to ``max_wait_s`` only if none is available."""
+
+    worker_id: str
+    kinds: list[RequestKind]
+    max_n: int
+    max_wait_s: float = 0.0
+
+
+@register("q.leases")
+@dataclass(kw_only=True, slots=True)
+class LeaseBatch(Message):
+    leases: list[LeaseGrant]
+
+
+@register("q.complete_many")
+@dataclass(kw_only=True, slots=True)
+class CompleteMany(Message):
+    completes: list[Complete]
+
+
+@register("q.batch_result")
+@dataclass(kw_only=True, slots=True)
+class BatchResult(Message):
+    """``accepted`` count; ``rejected`` entries are {index, code, message} (e.g. StaleAttempt)."""
+
+    accepted: int
+    rejected: list[dict[str, Any]]
+
+
+# --- tensor store ---------------------------------------------------------------------------------
+@register("s.put")
+@dataclass(kw_only=True, slots=True)
+class Put(Message):
+    """Store tensors + metadata under ``key`` (replaces). Replied with Ok."""
+
+    key: str
+    tensors: dict[str, Tensor]
+    meta: dict[str, Any]
+
+
+@register("s.get")
+@dataclass(kw_only=True, slots=True)
+class Get(Message):
+    """Fetch ``key``; replied with Tensors or ErrorReply(NotFound)."""
+
+    key: str
+
+
+@register("s.tensors")
+@dataclass(kw_only=True, slots=True)
+class Tensors(Message):
+    key: str
+    tensors: dict[str, Tensor]
+    meta: dict[str, Any]
+
+
+@register("s.delete")
+@dataclass(kw_only=True, slots=True)
+class Delete(Message):
+    key: str
+
+
+@register("s.commit")
+@dataclass(kw_only=True, slots=True)
+class Commit(Message):
+    """A request's resumable state after denoising step ``step`` (stored at commit/<request_id>);
+    a commit with an older step or attempt than the stored one is refused."""
+
+    request_id: str
+    attempt: int
+    step: int
+    tensors: dict[str, Tensor]
+    meta: dict[str, Any]
+
+
+@register("s.get_commit")
+@dataclass(kw_only=True, slots=True)
+class GetCommit(Message):
+    """Fetch the last commit of a request; replied with Tensors or ErrorReply(NotFound)."""
+
+    request_id: str
+
+
+@register("s.publish")
+@dataclass(kw_only=True, slots=True)
+class PublishWeights(Message):
+    """Publish immutable weights ``version``; publishing an existing version is refused."""
+
+    version: int
+    tensors: dict[str, Tensor]
+    meta: dict[str, Any]
+
+
+@register("s.get_weights")
+@dataclass(kw_only=True, slots=True)
+class GetWeights(Message):
+    """Fetch weights ``version``; replied with Tensors or ErrorReply(NotFound)."""
+
+    version: int
+
+
+# --- tensor store: replies, listing and the shared-memory path (spotlight.actors.store_service) --
+@register("s.commit_state")
+@dataclass(kw_only=True, slots=True)
+class CommitState(Message):
+    """Reply to GetCommit: the newest commit, or ``step`` None when the request has none."""
+
+    request_id: str
+    step: int | None
+    tensors: dict[str, Tensor]
+    meta: dict[str, Any]
+
+
+@register("s.drop_commit")
+@dataclass(kw_only=True, slots=True)
+class DropCommit(Message):
+    """Free a request's commit once its result is accepted. Replied with Ok."""
+
+    request_id: str
+
+
+@register("s.latest")
+@dataclass(kw_only=True, slots=True)
+class LatestVersion(Message):
+    """Ask for the newest published weights version; replied with VersionReply."""
+
+
+@register("s.version")
+@dataclass(kw_only=True, slots=True)
+class VersionReply(Message):
+    version: int | None
+
+
+@register("s.keys")
+@dataclass(kw_only=True, slots=True)
+class ListKeys(Message):
+    """Keys starting with ``prefix``; replied with KeyList."""
+
+    prefix: str
+
+
+@register("s.key_list")
+@dataclass(kw_only=True, slots=True)
+class KeyList(Message):
+    keys: list[str]
+
+
+@register("s.shm_hello")
+@dataclass(kw_only=True, slots=True)
+class ShmHello(Message):
+    """Does the store share this machine's /dev/shm? Replied with ShmInfo."""
+
+
+@register("s.shm_info")
+@dataclass(kw_only=True, slots=True)
+class ShmInfo(Message):
+    """``host_id`` (boot id + hostname) and a ``probe`` segment the client may attach to prove
+    it sees the same /dev/shm; ``min_bytes``: tensors below it go inline over ZeroMQ."""
+
+    host_id: str
+    probe: str
+    min_bytes: int
+
+
+@register("s.shm_lend")
+@dataclass(kw_only=True, slots=True)
+class ShmLend(Message):
+    """Lend segments with room for each of ``nbytes``; replied with ShmGrant."""
+
+    nbytes: list[int]
+
+
+@register("s.shm_grant")
+@dataclass(kw_only=True, slots=True)
+class ShmGrant(Message):
+    """One {name, gen} per requested size, in order."""
+
+    segments: list[dict[str, Any]]
+
+
+@register("s.shm_put")
+@dataclass(kw_only=True, slots=True)
+class ShmPut(Message):
+    """Put whose big tensors sit in lent segments: ``refs`` name -> {name, gen, dtype, shape};
+    small ones travel inline in ``tensors``. Replied with Ok."""
+
+    key: str
+    tensors: dict[str, Tensor]
+    refs: dict[str, dict[str, Any]]
+    meta: dict[str, Any]
+
+
+@register("s.shm_commit")
+@dataclass(kw_only=True, slots=True)
+class ShmCommit(Message):
+    """Commit with big tensors in lent segments (see ShmPut). Replied with Ok."""
+
+    request_id: str
+    attempt: int
+    step: int
+    tensors: dict[str, Tensor]
+    refs: dict[str, dict[str, Any]]
+    meta: dict[str, Any]
+
+
+@register("s.shm_publish")
+@dataclass(kw_only=True, slots=True)
+class ShmPublish(Message):
+    """PublishWeights with big tensors in lent segments (see ShmPut). Replied with Ok."""
+
+    version: int
+    tensors: dict[str, Tensor]
+    refs: dict[str, dict[str, Any]]
+    meta: dict[str, Any]
+
+
+@register("s.shm_fetch")
+@dataclass(kw_only=True, slots=True)
+class ShmFetch(Message):
+    """Get (``what`` = "key"), get_commit ("commit", ``name`` = request id) or get_weights
+    ("weights", ``version``), with tensors held in segments answered as refs. Replied with
+    ShmTensors."""
+
+    what: Literal["key", "commit", "weights"]
+    name: str = ""
+    version: int = -1
+
+
+@register("s.shm_tensors")
+@dataclass(kw_only=True, slots=True)
+class ShmTensors(Message):
+    """``step`` is set for commits (None: no commit held); ``refs`` as in ShmPut; the reader
+    copies out and checks each segment's generation."""
+
+    step: int | None
+    tensors: dict[str, Tensor]
+    refs: dict[str, dict[str, Any]]
+    meta: dict[str, Any]
