@@ -11,9 +11,10 @@ oversized, unknown type, wrong field types), or a message it has no handler for,
 raises a ``SpotlightError`` is answered with ``ErrorReply(<class name>, message)``; any other
 exception is logged with its traceback and answered with ``RemoteError``.
 
-Handlers are ``def``/``async def`` functions taking the decoded message and returning the reply
-message. Plain functions run inline in the receive loop (cheap, ordered); ``async def`` handlers
-each run in a task of the server's TaskGroup (so a long-poll does not block other peers).
+A handler takes the decoded message and returns the reply message, or an awaitable of it. A
+plain reply is sent inline from the receive loop (cheap, ordered); an awaitable (an ``async def``
+handler, or a ``def`` that only sometimes needs to wait, e.g. a long-poll with nothing queued)
+is awaited in a task of the server's TaskGroup so it does not block other peers.
 
 Client guarantees: ``await client.call(msg, timeout=...)`` returns the reply message, raises the
 error class an ``ErrorReply`` names (``spotlight.errors``), or ``ActorTimeout`` when no reply
@@ -83,7 +84,6 @@ class RpcServer:
                  limits: Limits = DEFAULT_LIMITS, curve: CurveServerKeys | None = None,
                  context: zmq.asyncio.Context | None = None) -> None:
         self._handlers = dict(handlers)
-        self._is_async = {cls: inspect.iscoroutinefunction(h) for cls, h in self._handlers.items()}
         self._bind, self._limits, self._curve = bind, limits, curve
         self._own_ctx = curve is not None and context is None
         self._ctx = zmq.asyncio.Context() if self._own_ctx else (
@@ -156,10 +156,11 @@ class RpcServer:
                 log.debug("rejected a request from %r: %s", ident, e)
                 await self._send(ident, corr, error_reply(e))
                 continue
-            if self._is_async[type(msg)]:
-                self._spawn(self._run_async(handler, msg, ident, corr), type(msg).__name__)
+            reply = self._run_sync(handler, msg)
+            if inspect.isawaitable(reply):
+                self._spawn(self._finish(reply, msg, ident, corr), type(msg).__name__)
             else:
-                await self._send(ident, corr, self._run_sync(handler, msg))
+                await self._send(ident, corr, reply)
 
     def _spawn(self, coro: Any, name: str) -> None:
         assert self._tg is not None
@@ -167,15 +168,16 @@ class RpcServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _run_sync(self, handler: Handler, msg: Message) -> Message:
+    def _run_sync(self, handler: Handler, msg: Message) -> Any:
         try:
-            return handler(msg)  # type: ignore[return-value]
+            return handler(msg)
         except Exception as e:  # answered to the caller, never swallowed silently
             return self._handler_failed(msg, e)
 
-    async def _run_async(self, handler: Handler, msg: Message, ident: bytes, corr: bytes) -> None:
+    async def _finish(self, pending: Awaitable[Message], msg: Message, ident: bytes,
+                      corr: bytes) -> None:
         try:
-            reply = await handler(msg)  # type: ignore[misc]
+            reply = await pending
         except Exception as e:
             reply = self._handler_failed(msg, e)
         await self._send(ident, corr, reply)

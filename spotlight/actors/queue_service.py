@@ -1,0 +1,234 @@
+"""The request queue's process shell and client (the logic is ``spotlight.actors.queue``).
+
+- ``queue_handlers(core)``: the message API, one handler per message class; used by both the
+  service (behind an ``RpcServer``) and the local client, so both paths run the same code.
+- ``QueueService``: the lease-expiry timer, which sleeps until the nearest lease deadline (never
+  polls), plus an ``RpcServer`` when ``bind`` is given; long-poll pulls wait on an event.
+- ``QueueClient``: the same async methods whether the core is in this process or remote.
+- ``serve`` / ``main``: run a queue until SIGTERM/SIGINT (``python -m spotlight.actors.queue``).
+
+This module knows sockets, timers and signals; the queue's rules live in the core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import logging
+import math
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from spotlight.actors.queue import KINDS, QueueConfig, RequestQueueCore
+from spotlight.comm import messages as m
+from spotlight.comm.transport import RpcClient, RpcServer
+from spotlight.errors import NotFound, ProtocolError, StaleAttempt
+
+log = logging.getLogger(__name__)
+
+
+# --- the message API, shared by the service (remote) and the client (local) ---------------------
+def queue_handlers(core: RequestQueueCore) -> dict[type[m.Message], Callable[[Any], Any]]:
+    """Message class -> handler returning the reply (or an awaitable of it, to long-poll)."""
+    ok = m.Ok()
+
+    def pull(msg: m.Pull) -> Any:
+        grant = core.pull(msg.worker_id, msg.kinds)
+        if grant is not None or msg.max_wait_s <= 0:  # answered inline: no task needed
+            return grant or m.NoWork()
+
+        async def long_poll() -> m.Message:
+            grants = await core.wait_pull(msg.worker_id, msg.kinds, 1, msg.max_wait_s)
+            return grants[0] if grants else m.NoWork()
+        return long_poll()
+
+    def pull_many(msg: m.PullMany) -> Any:
+        if msg.max_n < 1:
+            raise ProtocolError(f"PullMany.max_n must be >= 1, got {msg.max_n}")
+        grants = core.pull_many(msg.worker_id, msg.kinds, msg.max_n)
+        if grants or msg.max_wait_s <= 0:
+            return m.LeaseBatch(leases=grants)
+
+        async def long_poll() -> m.Message:
+            return m.LeaseBatch(leases=await core.wait_pull(
+                msg.worker_id, msg.kinds, msg.max_n, msg.max_wait_s))
+        return long_poll()
+
+    def complete_many(msg: m.CompleteMany) -> m.BatchResult:
+        accepted, rejected = 0, []
+        for i, c in enumerate(msg.completes):
+            try:
+                accepted += core.complete(c.request_id, c.attempt, c.worker_id, c.result)
+            except (StaleAttempt, NotFound) as e:
+                rejected.append({"index": i, "code": type(e).__name__, "message": str(e)})
+        return m.BatchResult(accepted=accepted, rejected=rejected)
+
+    async def wait_iteration(msg: m.WaitIteration) -> m.IterationDone:
+        return await core.wait_iteration(msg.iteration, msg.timeout_s)
+
+    return {
+        m.Submit: lambda msg: core.submit(msg.requests) or ok,
+        m.Pull: pull,
+        m.PullMany: pull_many,
+        m.Heartbeat: lambda msg: core.heartbeat(msg.request_id, msg.attempt, msg.worker_id,
+                                                msg.committed_step),
+        m.Release: lambda msg: core.release(msg.request_id, msg.attempt, msg.worker_id) or ok,
+        m.Complete: lambda msg: (core.complete(msg.request_id, msg.attempt, msg.worker_id,
+                                               msg.result), ok)[1],
+        m.CompleteMany: complete_many,
+        m.Fail: lambda msg: core.fail(msg.request_id, msg.attempt, msg.worker_id, msg.error) or ok,
+        m.WaitIteration: wait_iteration,
+        m.QueueStats: lambda msg: m.QueueStatsReply(stats=core.stats(),
+                                                    dead_letters=list(core.dead_letters)),
+    }
+
+
+class QueueService:
+    """The queue's process shell: lease-expiry timer + (when ``bind`` is given) an RpcServer.
+
+    ``async with QueueService(core, bind="tcp://0.0.0.0:5555") as service:`` serves until the
+    block exits; ``bind=None`` runs only the expiry timer (an in-process queue).
+    """
+
+    def __init__(self, core: RequestQueueCore, *, bind: str | None = None, **server_kw: Any) -> None:
+        self.core = core
+        self._server = RpcServer(queue_handlers(core), bind=bind, **server_kw) if bind else None
+        self._wake = asyncio.Event()
+        self._armed = math.inf  # the deadline the expiry timer sleeps until
+        self._tg: asyncio.TaskGroup | None = None
+        self._timer: asyncio.Task | None = None
+        self.endpoint = ""
+
+    async def __aenter__(self) -> QueueService:
+        self._tg = asyncio.TaskGroup()
+        await self._tg.__aenter__()
+        self.core.on_deadline = self._on_deadline
+        self._timer = self._tg.create_task(self._expire_loop(), name="queue-lease-expiry")
+        if self._server is not None:
+            await self._server.__aenter__()
+            self.endpoint = self._server.endpoint
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        assert self._tg is not None and self._timer is not None
+        try:
+            if self._server is not None:
+                await self._server.__aexit__(*exc_info)
+        finally:
+            self._timer.cancel()
+            self.core.on_deadline = None
+            return await self._tg.__aexit__(*exc_info)  # noqa: B012 - re-raises timer failures
+
+    def _on_deadline(self, deadline: float) -> None:
+        if deadline < self._armed:  # only an earlier deadline needs the timer re-armed
+            self._armed = deadline
+            self._wake.set()
+
+    async def _expire_loop(self) -> None:
+        while True:
+            for rid in self.core.expire_leases():
+                log.info("lease of %s expired; re-queued or dead-lettered", rid)
+            nearest = self.core.next_deadline()
+            self._armed = math.inf if nearest is None else nearest
+            self._wake.clear()
+            # +1 ms: never wake a hair before the deadline and spin.
+            delay = None if nearest is None else max(0.0, nearest - self.core.clock()) + 1e-3
+            try:
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+
+class QueueClient:
+    """The queue's async API, in-process (``QueueClient.local(core)``) or over an ``RpcClient``."""
+
+    def __init__(self, call: Callable[[m.Message, float], Any], timeout: float) -> None:
+        self._call, self.timeout = call, timeout
+
+    @classmethod
+    def local(cls, core: RequestQueueCore) -> QueueClient:
+        handlers = queue_handlers(core)
+
+        async def call(msg: m.Message, timeout: float) -> m.Message:
+            reply = handlers[type(msg)](msg)
+            return await reply if inspect.isawaitable(reply) else reply
+        return cls(call, timeout=math.inf)
+
+    @classmethod
+    def remote(cls, rpc: RpcClient) -> QueueClient:
+        return cls(lambda msg, timeout: rpc.call(msg, timeout=timeout), timeout=rpc.timeout)
+
+    async def _rpc(self, msg: m.Message, wait_s: float = 0.0) -> Any:
+        return await self._call(msg, self.timeout + wait_s)  # waiting calls get their wait on top
+
+    async def submit(self, requests: list[dict[str, Any]]) -> None:
+        await self._rpc(m.Submit(requests=requests))
+
+    async def pull(self, worker_id: str, kinds: list[str] = list(KINDS),
+                   max_wait_s: float = 0.0) -> m.LeaseGrant | None:
+        reply = await self._rpc(m.Pull(worker_id=worker_id, kinds=kinds, max_wait_s=max_wait_s),
+                                max_wait_s)
+        return reply if isinstance(reply, m.LeaseGrant) else None
+
+    async def pull_many(self, worker_id: str, max_n: int, kinds: list[str] = list(KINDS),
+                        max_wait_s: float = 0.0) -> list[m.LeaseGrant]:
+        reply = await self._rpc(m.PullMany(worker_id=worker_id, kinds=kinds, max_n=max_n,
+                                           max_wait_s=max_wait_s), max_wait_s)
+        return reply.leases
+
+    async def heartbeat(self, request_id: str, attempt: int, worker_id: str,
+                        committed_step: int | None = None) -> m.LeaseExtended:
+        return await self._rpc(m.Heartbeat(request_id=request_id, attempt=attempt,
+                                           worker_id=worker_id, committed_step=committed_step))
+
+    async def release(self, request_id: str, attempt: int, worker_id: str) -> None:
+        await self._rpc(m.Release(request_id=request_id, attempt=attempt, worker_id=worker_id))
+
+    async def complete(self, request_id: str, attempt: int, worker_id: str, result: dict) -> None:
+        await self._rpc(m.Complete(request_id=request_id, attempt=attempt, worker_id=worker_id,
+                                   result=result))
+
+    async def complete_many(self, completes: list[m.Complete]) -> m.BatchResult:
+        return await self._rpc(m.CompleteMany(completes=completes))
+
+    async def fail(self, request_id: str, attempt: int, worker_id: str, error: str) -> None:
+        await self._rpc(m.Fail(request_id=request_id, attempt=attempt, worker_id=worker_id,
+                               error=error))
+
+    async def wait_iteration(self, iteration: int, timeout_s: float) -> m.IterationDone:
+        return await self._rpc(m.WaitIteration(iteration=iteration, timeout_s=timeout_s), timeout_s)
+
+    async def stats(self) -> m.QueueStatsReply:
+        return await self._rpc(m.QueueStats())
+
+
+# --- process entry ------------------------------------------------------------------------------
+async def serve(bind: str, config: QueueConfig) -> None:
+    """Serve a fresh queue on ``bind`` until SIGTERM or SIGINT; prints ``ready <endpoint>``."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with QueueService(RequestQueueCore(config), bind=bind) as service:
+        print(f"ready {service.endpoint}", flush=True)  # parents wait for this line
+        await stop.wait()
+    log.info("queue on %s stopped", bind)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m spotlight.actors.queue", description="Serve a request queue.")
+    parser.add_argument("--bind", required=True, help="ipc:///path or tcp://host:port (port 0: any)")
+    defaults = QueueConfig()
+    parser.add_argument("--lease-s", type=float, default=defaults.lease_s)
+    parser.add_argument("--max-attempts", type=int, default=defaults.max_attempts)
+    parser.add_argument("--log-level", default="WARNING")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve(args.bind, QueueConfig(lease_s=args.lease_s, max_attempts=args.max_attempts)))
+
+
+if __name__ == "__main__":
+    main()

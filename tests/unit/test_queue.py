@@ -1,0 +1,185 @@
+"""RequestQueueCore with a fake clock: leases, expiry + resume, heartbeats, release, fencing,
+dead letters, priorities, iterations; and the in-process QueueClient over the same handlers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from spotlight.actors.queue import QueueConfig, RequestQueueCore
+from spotlight.actors.queue_service import QueueClient, QueueService
+from spotlight.errors import ActorTimeout, NotFound, ProtocolError, StaleAttempt
+
+pytestmark = pytest.mark.timeout(10)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def req(rid: str, kind: str = "rollout", iteration: int = 0, **payload) -> dict:
+    return {"request_id": rid, "kind": kind, "iteration": iteration, "payload": payload}
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def core(clock: FakeClock) -> RequestQueueCore:
+    return RequestQueueCore(QueueConfig(lease_s=10.0, max_attempts=3), clock=clock)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="lease_s"):
+        QueueConfig(lease_s=0)
+    with pytest.raises(ValueError, match="max_attempts"):
+        QueueConfig(max_attempts=0)
+
+
+def test_rollout_outranks_explore_then_fifo(core: RequestQueueCore) -> None:
+    core.submit([req("e1", "explore"), req("r1"), req("e2", "explore"), req("r2")])
+    order = [core.pull("w").request_id for _ in range(4)]
+    assert order == ["r1", "r2", "e1", "e2"]
+    assert core.pull("w") is None
+    core.submit([req("e3", "explore"), req("r3")])
+    assert core.pull("w", ["explore"]).request_id == "e3"  # kinds filter respected
+
+
+def test_submit_is_validated_and_atomic(core: RequestQueueCore) -> None:
+    core.submit([req("a")])
+    with pytest.raises(ProtocolError, match="'a'"):
+        core.submit([req("b"), req("a")])
+    with pytest.raises(ProtocolError, match="bad kind"):
+        core.submit([req("c", "train")])
+    assert core.stats()["submitted"] == 1 and core.pull("w").request_id == "a"
+    assert core.pull("w") is None  # "b" was not half-submitted
+
+
+def test_lease_expiry_requeues_with_resume_ref(core: RequestQueueCore, clock: FakeClock) -> None:
+    core.submit([req("r1", seed=7)])
+    lease = core.pull("w1")
+    assert (lease.attempt, lease.deadline, lease.resume) == (1, 1010.0, None)
+    core.heartbeat("r1", 1, "w1", committed_step=4)
+    assert core.next_deadline() == 1010.0
+    clock.now = 1010.0
+    assert core.expire_leases() == ["r1"]
+    again = core.pull("w2")
+    assert again.attempt == 2 and again.payload == {"seed": 7}
+    assert again.resume == {"request_id": "r1", "step": 4, "key": "commit/r1"}
+    assert core.stats()["expired"] == 1
+
+
+def test_heartbeat_extends_lease(core: RequestQueueCore, clock: FakeClock) -> None:
+    core.submit([req("r1")])
+    core.pull("w1")
+    clock.now += 8
+    ext = core.heartbeat("r1", 1, "w1")
+    assert ext.deadline == 1018.0 and ext.lease_s == 10.0
+    clock.now = 1015.0
+    assert core.expire_leases() == []  # the old deadline (1010) is superseded
+    assert core.next_deadline() == 1018.0
+    clock.now = 1018.0
+    assert core.expire_leases() == ["r1"]
+
+
+def test_release_requeues_at_once_without_counting(core: RequestQueueCore) -> None:
+    core.submit([req("r1")])
+    for attempt in range(1, 6):  # more releases than max_attempts: never dead-lettered
+        lease = core.pull(f"w{attempt}")
+        assert lease.attempt == attempt
+        core.heartbeat("r1", attempt, f"w{attempt}", committed_step=attempt)
+        core.release("r1", attempt, f"w{attempt}")
+    assert core.pull("w9").resume["step"] == 5
+    assert core.dead_letters == [] and core.stats()["released"] == 5
+
+
+def test_fencing_drops_late_result(core: RequestQueueCore, clock: FakeClock) -> None:
+    core.submit([req("r1")])
+    core.pull("slow")
+    clock.now += 11
+    core.expire_leases()
+    core.pull("fast")
+    with pytest.raises(StaleAttempt):
+        core.heartbeat("r1", 1, "slow")
+    with pytest.raises(StaleAttempt):
+        core.complete("r1", 1, "slow", {"reward": 0.0})
+    assert core.complete("r1", 2, "fast", {"reward": 1.0}) is True
+    assert core.complete("r1", 2, "fast", {"reward": 1.0}) is False  # resend: exactly once
+    with pytest.raises(StaleAttempt):
+        core.complete("r1", 1, "slow", {"reward": 0.0})
+    stats = core.stats()
+    assert stats["late_results_dropped"] == 2 and stats["completed"] == 1
+    assert stats["duplicate_completions"] == 1
+    with pytest.raises(NotFound):
+        core.complete("nope", 1, "fast", {})
+
+
+def test_dead_letter_after_capped_retries(core: RequestQueueCore, clock: FakeClock) -> None:
+    core.submit([req("r1", iteration=3), req("r2", iteration=3)])
+    assert core.pull("w").request_id == "r1"  # attempt 1
+    clock.now += 10
+    core.expire_leases()  # failure 1; r1 keeps its place ahead of r2
+    lease = core.pull("w")
+    assert (lease.request_id, lease.attempt) == ("r1", 2)
+    core.fail("r1", 2, "w", "cuda oom")  # failure 2
+    lease = core.pull("w")
+    assert (lease.request_id, lease.attempt) == ("r1", 3)
+    core.fail("r1", 3, "w", "cuda oom")  # failure 3 == max_attempts: dead
+    assert [d["request_id"] for d in core.dead_letters] == ["r1"]
+    assert "cuda oom" in core.dead_letters[0]["reason"] and core.dead_letters[0]["attempts"] == 3
+    last = core.pull("w")
+    assert last.request_id == "r2" and core.pull("w") is None
+
+
+async def test_wait_iteration_returns_results_in_request_order(core: RequestQueueCore) -> None:
+    core.submit([req(f"r{i}", iteration=1) for i in range(3)] + [req("x", iteration=2)])
+    waiter = asyncio.ensure_future(core.wait_iteration(1, timeout_s=5))
+    leases = [core.pull("w") for _ in range(3)]
+    for lease in reversed(leases):  # finish out of order
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        core.complete(lease.request_id, lease.attempt, "w", {"i": lease.request_id})
+    done = await waiter
+    assert done.results == [{"i": "r0"}, {"i": "r1"}, {"i": "r2"}] and done.dead == []
+    with pytest.raises(ActorTimeout, match="iteration 2"):
+        await core.wait_iteration(2, timeout_s=0.05)
+    core.forget_iteration(1)
+    assert core.stats()["now_done"] == 0
+
+
+async def test_long_poll_pull_wakes_on_submit(core: RequestQueueCore) -> None:
+    async with asyncio.TaskGroup() as tg:
+        waiting = tg.create_task(core.wait_pull("w", ["rollout"], 1, max_wait_s=5))
+        await asyncio.sleep(0)
+        core.submit([req("e", "explore")])  # wrong kind: stays asleep
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        core.submit([req("r")])
+    assert [g.request_id for g in waiting.result()] == ["r"]
+    assert await core.wait_pull("w", ["rollout"], 1, max_wait_s=0.01) == []
+
+
+async def test_local_client_and_expiry_timer() -> None:
+    core = RequestQueueCore(QueueConfig(lease_s=0.05, max_attempts=2))
+    async with QueueService(core):  # bind=None: only the expiry timer, in-process
+        client = QueueClient.local(core)
+        await client.submit([req("r1")])
+        lease = await client.pull("w1")
+        await client.heartbeat(lease.request_id, lease.attempt, "w1", committed_step=2)
+        # The timer (armed on the nearest deadline, no polling) re-queues it; the long poll sees it.
+        again = await client.pull("w2", max_wait_s=2)
+        assert again.attempt == 2 and again.resume["step"] == 2
+        await client.complete("r1", 2, "w2", {"ok": True})
+        with pytest.raises(StaleAttempt):
+            await client.complete("r1", 1, "w1", {"ok": False})
+        done = await client.wait_iteration(0, timeout_s=1)
+        assert done.results == [{"ok": True}]
+        stats = await client.stats()
+        assert stats.stats["expired"] == 1 and stats.stats["late_results_dropped"] == 1
