@@ -1,5 +1,7 @@
 """The tensor store's logic: keyed tensors, per-request commits and weights versions.
 
+Run the service: ``python -m spotlight.actors.tensor_store --bind tcp://0.0.0.0:5560``.
+
 ``TensorStoreCore`` is a plain, single-threaded class with no sockets, no event loop and no
 knowledge of the wire; the process shell and the client live in ``store_service.py``. It holds
 three namespaces:
@@ -261,3 +263,9 @@ class TensorStoreCore:
         for v in freed:
             self._bytes -= self._weights.pop(v)[1]
         return freed
+
+
+if __name__ == "__main__":  # python -m spotlight.actors.tensor_store --bind ADDR [--max-bytes N]
+    from spotlight.actors.store_service import main
+
+    raise SystemExit(main())

@@ -1,0 +1,279 @@
+"""``TensorStoreClient``: one async API over a tensor store in this process or behind a socket.
+
+``TensorStoreClient.local(core)`` runs the very handlers the service runs, without encoding;
+``TensorStoreClient.remote(endpoint)`` speaks to a ``TensorStoreService`` through
+``comm.transport.RpcClient``. Callers cannot tell them apart, except by speed.
+
+Bulk path. Over ZeroMQ every tensor is a zero-copy frame. When the store shares this machine's
+``/dev/shm`` (checked at open: same boot id + host, and a probe segment attaches), tensors of at
+least ``ShmInfo.min_bytes`` go through shared memory instead: the client borrows a segment from the
+service (``ShmLend``), copies into it once, and the service adopts it without copying; reads copy
+out once and check the segment's generation. The service owns every segment (see ``store_shm``).
+
+Commits. ``commit_nowait`` returns at once; an owned flusher task sends pending commits in order.
+Pending commits of one request coalesce (the store keeps only the newest step anyway), so a
+worker committing every step never waits on the network. At most ``max_pending`` requests may
+have a commit pending; beyond that ``commit_nowait`` raises ``CapacityError`` (await ``flush``).
+A failed background commit is raised by the next ``commit_nowait`` or ``flush``.
+``commit_nowait`` takes ownership of the arrays: do not write into them afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+
+from spotlight.actors.store_service import StoreHandlers, host_id
+from spotlight.actors.store_shm import ClientMappings
+from spotlight.actors.tensor_store import Tensors, TensorStoreCore
+from spotlight.comm import messages as m
+from spotlight.comm.transport import RpcClient
+from spotlight.errors import CapacityError, ProtocolError, RemoteError
+
+log = logging.getLogger(__name__)
+
+
+def _numpy(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
+    """numpy arrays as they are, torch CPU tensors as zero-copy numpy views."""
+    return {k: v if isinstance(v, np.ndarray) else v.detach().numpy() for k, v in tensors.items()}
+
+
+def _is_local(endpoint: str) -> bool:
+    if endpoint.startswith("ipc://"):
+        return True
+    host = urlparse(endpoint).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+class TensorStoreClient:
+    """Async client of a tensor store. Use as ``async with TensorStoreClient.remote(ep) as c:``."""
+
+    def __init__(self, *, rpc: RpcClient | None = None, handlers: StoreHandlers | None = None,
+                 shm: bool | None = None, max_pending: int = 64, timeout: float = 30.0) -> None:
+        if (rpc is None) == (handlers is None):
+            raise ValueError("TensorStoreClient needs exactly one of rpc, handlers")
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self._rpc, self._handlers = rpc, handlers
+        self._table = handlers.table() if handlers is not None else {}
+        self._want_shm, self._timeout, self.max_pending = shm, timeout, max_pending
+        self._maps: ClientMappings | None = None
+        self._shm_min = 0
+        self._pending: OrderedDict[str, m.Commit] = OrderedDict()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._error: BaseException | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._flusher: asyncio.Task | None = None
+
+    @classmethod
+    def local(cls, core: TensorStoreCore | None = None, **kw: Any) -> TensorStoreClient:
+        return cls(handlers=StoreHandlers(core or TensorStoreCore()), **kw)
+
+    @classmethod
+    def remote(cls, endpoint: str, *, timeout: float = 30.0, shm: bool | None = None,
+               **kw: Any) -> TensorStoreClient:
+        """``shm``: None = use shared memory when the store turns out to be on this machine."""
+        return cls(rpc=RpcClient(endpoint, timeout=timeout), shm=shm, timeout=timeout, **kw)
+
+    @property
+    def uses_shm(self) -> bool:
+        return self._maps is not None
+
+    # --- lifetime ------------------------------------------------------------------------------
+    async def __aenter__(self) -> TensorStoreClient:
+        if self._rpc is not None:
+            await self._rpc.__aenter__()
+        try:
+            if self._rpc is not None and self._want_shm is not False:
+                await self._setup_shm()
+            self._tg = asyncio.TaskGroup()
+            await self._tg.__aenter__()
+            self._flusher = self._tg.create_task(self._flush_loop(), name="store-commit-flusher")
+        except BaseException:
+            await self._close_transport()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        try:
+            if exc_info[0] is None:
+                await self.flush()  # leave cleanly: pending commits reach the store
+        finally:
+            assert self._tg is not None and self._flusher is not None
+            self._flusher.cancel()
+            try:
+                await self._tg.__aexit__(None, None, None)
+            finally:
+                await self._close_transport()
+
+    async def _close_transport(self) -> None:
+        if self._maps is not None:
+            self._maps.close()
+            self._maps = None
+        if self._rpc is not None:
+            await self._rpc.close()
+
+    async def _setup_shm(self) -> None:
+        endpoint = self._rpc.endpoint if self._rpc is not None else ""
+        if self._want_shm is None and not _is_local(endpoint):
+            return
+        try:
+            info = await self._call(m.ShmHello())
+            if info.host_id != host_id():
+                raise ProtocolError(f"store at {endpoint} is on another machine")
+            maps = ClientMappings()
+            maps.attach(info.probe)
+        except ProtocolError as e:  # no shm handlers there, other host, or probe not visible
+            if self._want_shm:
+                raise
+            log.info("tensor store %s: shared memory off (%s)", endpoint, e)
+            return
+        self._maps, self._shm_min = maps, info.min_bytes
+
+    # --- calls ---------------------------------------------------------------------------------
+    async def _call(self, msg: m.Message) -> Any:
+        try:
+            if self._handlers is not None:
+                return self._table[type(msg)](msg)
+            assert self._rpc is not None
+            return await self._rpc.call(msg, timeout=self._timeout)
+        except RemoteError as e:
+            # The store refuses bad arguments with ValueError/TypeError; raise the same here.
+            text = str(e)
+            for cls in (ValueError, TypeError):
+                if text.startswith(cls.__name__ + ": "):
+                    raise cls(text[len(cls.__name__) + 2:]) from None
+            raise
+
+    def _owned(self, tensors: dict[str, Any]) -> dict[str, np.ndarray]:
+        arrays = _numpy(tensors)
+        # In-process, the core would keep the caller's arrays: copy so callers keep value semantics.
+        return {k: np.array(a, copy=True) for k, a in arrays.items()} if self._handlers else arrays
+
+    async def _write(self, tensors: dict[str, Any], plain: Any, via_shm: Any) -> None:
+        """Send a write: ``plain(tensors)`` over frames, or ``via_shm(inline, refs)``."""
+        arrays = self._owned(tensors)
+        big = {k: a for k, a in arrays.items() if self._maps is not None and a.nbytes >= self._shm_min}
+        if not big:
+            await self._call(plain(arrays))
+            return
+        assert self._maps is not None
+        grant = await self._call(m.ShmLend(nbytes=[a.nbytes for a in big.values()]))
+        refs = {}
+        for (name, arr), seg in zip(big.items(), grant.segments, strict=True):
+            self._maps.write(seg["name"], seg["gen"], arr)
+            refs[name] = {"name": seg["name"], "gen": seg["gen"], "dtype": arr.dtype.name,
+                          "shape": list(arr.shape)}
+        inline = {k: a for k, a in arrays.items() if k not in big}
+        await self._call(via_shm(inline, refs))
+
+    def _read(self, reply: m.ShmTensors) -> Tensors:
+        assert self._maps is not None
+        out = dict(reply.tensors)
+        for name, ref in reply.refs.items():
+            out[name] = self._maps.read(ref["name"], ref["gen"], ref["dtype"], ref["shape"])
+        return out
+
+    # --- keys ----------------------------------------------------------------------------------
+    async def put(self, key: str, tensors: dict[str, Any], meta: dict | None = None) -> None:
+        meta = dict(meta or {})
+        await self._write(tensors, lambda t: m.Put(key=key, tensors=t, meta=meta),
+                          lambda t, r: m.ShmPut(key=key, tensors=t, refs=r, meta=meta))
+
+    async def get(self, key: str) -> tuple[Tensors, dict]:
+        if self._maps is not None:
+            reply = await self._call(m.ShmFetch(what="key", name=key))
+            return self._read(reply), reply.meta
+        reply = await self._call(m.Get(key=key))
+        return reply.tensors, reply.meta
+
+    async def delete(self, key: str) -> None:
+        await self._call(m.Delete(key=key))
+
+    async def keys(self, prefix: str = "") -> list[str]:
+        return (await self._call(m.ListKeys(prefix=prefix))).keys
+
+    # --- commits -------------------------------------------------------------------------------
+    async def commit(self, request_id: str, step: int, tensors: dict[str, Any],
+                     meta: dict | None = None, *, attempt: int = 0) -> None:
+        """Commit and wait for the store to hold it (in order after pending background commits)."""
+        self.commit_nowait(request_id, step, tensors, meta, attempt=attempt)
+        await self.flush()
+
+    def commit_nowait(self, request_id: str, step: int, tensors: dict[str, Any],
+                      meta: dict | None = None, *, attempt: int = 0) -> None:
+        """Queue a commit for the flusher and return at once (never blocks)."""
+        self._raise_background_error()
+        if self._flusher is None:
+            raise RuntimeError("TensorStoreClient is not open (use 'async with')")
+        held = self._pending.get(request_id)
+        if held is None and len(self._pending) >= self.max_pending:
+            raise CapacityError(f"{len(self._pending)} commits pending (max_pending "
+                                f"{self.max_pending}); await flush() before committing more")
+        if held is not None and held.step > step:
+            return  # an older step than one already queued: the store would ignore it anyway
+        self._pending[request_id] = m.Commit(request_id=request_id, attempt=attempt, step=step,
+                                             tensors=_numpy(tensors), meta=dict(meta or {}))
+        self._idle.clear()
+        self._wake.set()
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued commit reached the store; raise a background failure."""
+        async with asyncio.timeout(self._timeout if timeout is None else timeout):
+            await self._idle.wait()
+        self._raise_background_error()
+
+    def _raise_background_error(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                _, c = self._pending.popitem(last=False)
+                try:
+                    await self._write(
+                        c.tensors, lambda t, c=c: m.Commit(request_id=c.request_id,
+                                                           attempt=c.attempt, step=c.step,
+                                                           tensors=t, meta=c.meta),
+                        lambda t, r, c=c: m.ShmCommit(request_id=c.request_id, attempt=c.attempt,
+                                                      step=c.step, tensors=t, refs=r, meta=c.meta))
+                except Exception as e:  # kept for the caller's next call; the first one wins
+                    log.warning("background commit of %s step %d failed: %s",
+                                c.request_id, c.step, e)
+                    if self._error is None:
+                        self._error = e
+            self._idle.set()
+
+    async def get_commit(self, request_id: str) -> tuple[int, Tensors, dict] | None:
+        if self._maps is not None:
+            reply = await self._call(m.ShmFetch(what="commit", name=request_id))
+            return None if reply.step is None else (reply.step, self._read(reply), reply.meta)
+        reply = await self._call(m.GetCommit(request_id=request_id))
+        return None if reply.step is None else (reply.step, reply.tensors, reply.meta)
+
+    async def drop_commit(self, request_id: str) -> None:
+        await self._call(m.DropCommit(request_id=request_id))
+
+    # --- weights -------------------------------------------------------------------------------
+    async def publish_weights(self, version: int, tensors: dict[str, Any]) -> None:
+        await self._write(tensors, lambda t: m.PublishWeights(version=version, tensors=t, meta={}),
+                          lambda t, r: m.ShmPublish(version=version, tensors=t, refs=r, meta={}))
+
+    async def get_weights(self, version: int) -> Tensors:
+        if self._maps is not None:
+            return self._read(await self._call(m.ShmFetch(what="weights", version=version)))
+        return (await self._call(m.GetWeights(version=version))).tensors
+
+    async def latest_version(self) -> int | None:
+        return (await self._call(m.LatestVersion())).version
