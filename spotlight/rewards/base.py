@@ -1,0 +1,242 @@
+"""The reward plug-in interface: what a reward is, how one is found by name, how rewards combine.
+
+A reward scores a batch of finished images against their prompts:
+``reward(images: uint8 [B, H, W, 3], prompts: list[str]) -> float32 [B]``. Rewards know nothing of
+actors, queues or models; a worker converts its decoded latents with :func:`to_uint8_images` and
+calls the reward it was configured with.
+
+Rewards are found by name through a small registry. Built-in names map to ``"module:attr"``
+strings that are imported only when first asked for, so importing this module (e.g. in a
+controller that never scores) pulls in neither PIL-heavy scorers nor the compositional detector.
+Third-party code adds names with ``@register_reward("name")``.
+
+This module imports numpy only; torch is touched through the tensor's own methods.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from spotlight.errors import ConfigError
+
+if TYPE_CHECKING:  # only for annotations: importing base must stay cheap
+    import torch
+
+__all__ = [
+    "RewardFn",
+    "WeightedSum",
+    "check_batch",
+    "check_scores",
+    "known_rewards",
+    "make_reward",
+    "register_reward",
+    "to_uint8_images",
+]
+
+
+@runtime_checkable
+class RewardFn(Protocol):
+    """Anything with a ``name`` that maps (images, prompts) to one float32 score per image.
+
+    Structural, so a reward need not inherit from anything here. Implementations should call
+    :func:`check_batch` on their input: a shape mistake should fail loudly, not score garbage.
+    """
+
+    name: str
+
+    def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        """Score ``images`` (uint8 [B, H, W, 3]) against ``prompts`` (len B); float32 [B]."""
+        ...
+
+
+# --- batch checks -------------------------------------------------------------------------------
+def check_batch(images: np.ndarray, prompts: Sequence[str]) -> None:
+    """Raise ``ValueError`` unless ``images`` is uint8 [B, H, W, 3] and ``prompts`` B strings."""
+    if not isinstance(images, np.ndarray):
+        raise ValueError(f"images must be a numpy array, got {type(images).__name__}")
+    if images.dtype != np.uint8:
+        raise ValueError(f"images must be uint8, got {images.dtype}")
+    if images.ndim != 4 or images.shape[-1] != 3:
+        raise ValueError(f"images must have shape [B, H, W, 3], got {list(images.shape)}")
+    if isinstance(prompts, str) or len(prompts) != images.shape[0]:
+        n = "a str" if isinstance(prompts, str) else f"{len(prompts)} prompts"
+        raise ValueError(f"need one prompt per image: {images.shape[0]} images, {n}")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise ValueError(f"prompts[{i}] must be str, got {type(p).__name__}")
+
+
+def check_scores(scores: Any, batch: int, name: str) -> np.ndarray:
+    """Return ``scores`` as float32 [batch]; raise ``ValueError`` naming the reward otherwise.
+
+    A NaN reward would silently poison the GRPO advantage normalisation of its whole group,
+    so non-finite scores are an error here rather than downstream.
+    """
+    arr = np.asarray(scores, dtype=np.float32)
+    if arr.shape != (batch,):
+        raise ValueError(f"reward {name!r} returned shape {list(arr.shape)}, expected [{batch}]")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"reward {name!r} returned non-finite scores: {arr.tolist()}")
+    return arr
+
+
+def to_uint8_images(x: torch.Tensor) -> np.ndarray:
+    """Convert a float image tensor in [-1, 1] of shape [B, 3, H, W] to uint8 [B, H, W, 3].
+
+    Values outside [-1, 1] are clipped (the VAE decoder overshoots slightly; that is normal),
+    but NaN/inf raise: they mean the sample diverged and must not be scored as black pixels.
+    """
+    if x.ndim != 4 or x.shape[1] != 3:
+        raise ValueError(f"expected a [B, 3, H, W] tensor, got shape {list(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"expected a floating-point tensor, got {x.dtype}")
+    x = x.detach()
+    if not bool(x.isfinite().all()):
+        raise ValueError("image tensor contains NaN or inf")
+    # Map in float32 (bf16 cannot represent 255 steps exactly) and round to nearest, as
+    # diffusers' image processor does, so x = -1 -> 0 and x = 1 -> 255.
+    x = ((x.float().clamp(-1.0, 1.0) + 1.0) * 127.5).round().to(dtype=_torch_uint8(x))
+    return x.permute(0, 2, 3, 1).contiguous().cpu().numpy()
+
+
+def _torch_uint8(x: Any) -> Any:
+    # Fetch torch.uint8 from the tensor's own module so this file never imports torch eagerly.
+    return importlib.import_module(type(x).__module__.split(".")[0]).uint8
+
+
+# --- registry -----------------------------------------------------------------------------------
+# Built-ins resolve lazily: name -> "module:attr". Importing the module may also register the
+# name itself (the lead's compositional module does); the registered factory then wins.
+_BUILTIN: dict[str, str] = {
+    "jpeg": "spotlight.rewards.jpeg:JpegCompressibility",
+    "http": "spotlight.rewards.http:HttpReward",
+    "compositional": "spotlight.rewards.compositional:CompositionalReward",
+}
+_REGISTRY: dict[str, Callable[..., RewardFn]] = {}
+
+
+def register_reward(name: str) -> Callable[[Callable[..., RewardFn]], Callable[..., RewardFn]]:
+    """Decorator: make ``factory`` (a class or function returning a RewardFn) known as ``name``."""
+    if not name or not isinstance(name, str):
+        raise ValueError(f"reward name must be a non-empty str, got {name!r}")
+
+    def decorator(factory: Callable[..., RewardFn]) -> Callable[..., RewardFn]:
+        old = _REGISTRY.get(name)
+        # Re-running the same definition (module reload, `python -m` of a registering module)
+        # is harmless; two different factories under one name is a bug worth stopping on.
+        if old is not None and _qualname(old) != _qualname(factory):
+            raise ValueError(f"reward {name!r} already registered by {_qualname(old)}")
+        _REGISTRY[name] = factory
+        return factory
+
+    return decorator
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def known_rewards() -> list[str]:
+    """Every reward name :func:`make_reward` accepts, sorted."""
+    return sorted(set(_BUILTIN) | set(_REGISTRY))
+
+
+def _resolve(name: str) -> Callable[..., RewardFn]:
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name not in _BUILTIN:
+        raise ConfigError(f"unknown reward {name!r}; known rewards: {', '.join(known_rewards())}")
+    module_name, _, attr = _BUILTIN[name].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name:
+            raise  # the module exists but one of *its* imports is missing: show that
+        raise ConfigError(f"reward {name!r}: module {module_name} is not available") from e
+    if name in _REGISTRY:  # the module registered itself on import
+        return _REGISTRY[name]
+    try:
+        return getattr(module, attr)
+    except AttributeError as e:
+        raise ConfigError(f"reward {name!r}: {module_name} has no attribute {attr!r}") from e
+
+
+def make_reward(name: str, **kwargs: Any) -> RewardFn:
+    """Build the reward registered as ``name`` with ``kwargs``.
+
+    Raises ConfigError for an unknown name (listing the known ones) or for arguments the
+    factory does not accept (listing the ones it does), before the factory runs.
+    """
+    factory = _resolve(name)
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # some builtins have no signature; let the call decide
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**kwargs)
+        except TypeError as e:
+            accepted = [p for p in signature.parameters if p not in ("self", "args", "kwargs")]
+            raise ConfigError(
+                f"reward {name!r}: {e}; accepted arguments: {', '.join(accepted) or 'none'}"
+            ) from None
+    return factory(**kwargs)
+
+
+# --- combinator ---------------------------------------------------------------------------------
+class WeightedSum:
+    """``sum_i w_i * reward_i(images, prompts)``: several rewards as one (e.g. GenEval + JPEG).
+
+    ``evaluate`` also returns each term's scores so a worker can log the parts of the total.
+    """
+
+    def __init__(self, terms: Sequence[tuple[RewardFn, float]], name: str | None = None) -> None:
+        if not terms:
+            raise ConfigError("WeightedSum needs at least one (reward, weight) term")
+        names = [r.name for r, _ in terms]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"WeightedSum term names must be unique, got {names}")
+        for r, w in terms:
+            if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w):
+                raise ConfigError(f"weight of reward {r.name!r} must be finite, got {w!r}")
+        self.terms = [(r, float(w)) for r, w in terms]
+        self.name = name or "+".join(f"{w:g}*{r.name}" for r, w in self.terms)
+
+    def evaluate(
+        self, images: np.ndarray, prompts: list[str]
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Return (total float32 [B], {term name: its unweighted float32 [B] scores})."""
+        check_batch(images, prompts)
+        n = len(prompts)
+        parts = {r.name: check_scores(r(images, prompts), n, r.name) for r, _ in self.terms}
+        # Accumulate in float64 so the order of terms does not change the float32 result.
+        total = np.zeros(n, dtype=np.float64)
+        for r, w in self.terms:
+            total += w * parts[r.name].astype(np.float64)
+        return total.astype(np.float32), parts
+
+    def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        return self.evaluate(images, prompts)[0]
+
+    def __repr__(self) -> str:
+        return f"WeightedSum({self.name!r})"
+
+
+@register_reward("weighted")
+def weighted_sum(
+    weights: Mapping[str, float], options: Mapping[str, Mapping[str, Any]] | None = None
+) -> WeightedSum:
+    """Recipe-friendly WeightedSum: ``weights={"compositional": 1.0, "jpeg": 0.1}`` and
+    ``options={"jpeg": {"quality": 90}}`` (per-term constructor arguments)."""
+    options = dict(options or {})
+    extra = sorted(set(options) - set(weights))
+    if extra:
+        raise ConfigError(f"reward 'weighted': options given for rewards without a weight: {extra}")
+    terms = [(make_reward(n, **dict(options.get(n, {}))), w) for n, w in weights.items()]
+    return WeightedSum(terms)
