@@ -23,7 +23,7 @@ from typing import Any
 
 from spotlight.actors.queue import KINDS, QueueConfig, RequestQueueCore
 from spotlight.comm import messages as m
-from spotlight.comm.transport import RpcClient, RpcServer
+from spotlight.comm.transport import RpcClient, RpcServer, shutdown_group
 from spotlight.errors import NotFound, ProtocolError, StaleAttempt
 
 log = logging.getLogger(__name__)
@@ -111,15 +111,14 @@ class QueueService:
             self.endpoint = self._server.endpoint
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         assert self._tg is not None and self._timer is not None
         try:
             if self._server is not None:
                 await self._server.__aexit__(*exc_info)
         finally:
-            self._timer.cancel()
             self.core.on_deadline = None
-            return await self._tg.__aexit__(*exc_info)  # noqa: B012 - re-raises timer failures
+            await shutdown_group(self._tg, {self._timer}, exc_info)
 
     def _on_deadline(self, deadline: float) -> None:
         if deadline < self._armed:  # only an earlier deadline needs the timer re-armed

@@ -30,6 +30,7 @@ from spotlight.comm.codec import ALLOWED_DTYPES
 from spotlight.errors import ProtocolError
 
 NAME_PREFIX = "spl_"  # short: macOS caps POSIX shm names at 31 chars
+_CREATED_HERE: set[str] = set()  # segments this process created (and its tracker already knows)
 
 
 def _check_descriptor(desc: Any) -> tuple[str, np.dtype, tuple[int, ...]]:
@@ -60,6 +61,7 @@ class SharedTensor:
             name=NAME_PREFIX + secrets.token_hex(8), create=True, size=max(nbytes, 1))
         self.array: np.ndarray | None = np.ndarray(self.shape, self.dtype, buffer=self._shm.buf)
         self._unlinked = False
+        _CREATED_HERE.add(self._shm.name)
 
     @classmethod
     def empty(cls, shape: tuple[int, ...], dtype: Any) -> SharedTensor:
@@ -89,6 +91,7 @@ class SharedTensor:
         self.array = None
         if not self._unlinked:
             self._unlinked = True
+            _CREATED_HERE.discard(self._shm.name)
             self._shm.unlink()  # also unregisters it from this process's resource_tracker
         _close_mapping(self._shm)
 
@@ -110,8 +113,10 @@ class AttachedTensor:
             from spotlight.errors import NotFound
             raise NotFound(f"shared-memory segment {name} does not exist (already unlinked?)")
         # Python < 3.13 registers attachers with the resource_tracker too, which would unlink
-        # the creator's segment at our exit; the creator owns it, so opt out here.
-        resource_tracker.unregister(self._shm._name, "shared_memory")  # type: ignore[attr-defined]
+        # the creator's segment at our exit; the creator owns it, so opt out here. (Not when the
+        # creator is this very process: that registration is the creator's, for its unlink.)
+        if name not in _CREATED_HERE:
+            resource_tracker.unregister(self._shm._name, "shared_memory")  # type: ignore[attr-defined]
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > self._shm.size:
             self._shm.close()

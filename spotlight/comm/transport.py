@@ -68,6 +68,20 @@ def raise_error(reply: ErrorReply) -> None:
     raise RemoteError(f"{reply.code}: {reply.message}")
 
 
+async def shutdown_group(tg: asyncio.TaskGroup, tasks: set[asyncio.Task],
+                         exc_info: tuple) -> None:
+    """Leave a TaskGroup entered by hand in ``__aenter__``: cancel and await ``tasks`` (the ones
+    the owner runs until told to stop). A task's failure is raised (as the TaskGroup's
+    ExceptionGroup); an exception from the ``async with`` body propagates as itself, unwrapped,
+    which is what callers of a server context manager expect."""
+    for task in list(tasks):
+        task.cancel()
+    et = exc_info[0]
+    if et is not None and not issubclass(et, asyncio.CancelledError):
+        exc_info = (None, None, None)  # the body's own error re-raises after we return
+    await tg.__aexit__(*exc_info)
+
+
 def _close_socket(sock: zmq.asyncio.Socket) -> None:
     sock.close(linger=0)  # never block shutdown on undeliverable messages
 
@@ -119,12 +133,10 @@ class RpcServer:
         self._spawn(self._receive_loop(), f"rpc-recv {self.endpoint}")
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         assert self._tg is not None and self._sock is not None
-        for task in list(self._tasks):  # the receive loop and handler tasks still running
-            task.cancel()
         try:
-            return await self._tg.__aexit__(*exc_info)
+            await shutdown_group(self._tg, self._tasks, exc_info)
         finally:
             _close_socket(self._sock)
             self._stop_auth()

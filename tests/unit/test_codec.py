@@ -1,0 +1,134 @@
+"""Codec: round trips (tensors zero-copy), every malformed input -> ProtocolError; shm views."""
+
+from __future__ import annotations
+
+import typing
+
+import msgpack
+import numpy as np
+import pytest
+
+from spotlight.comm import messages as m
+from spotlight.comm.codec import Limits, _checker, decode, encode
+from spotlight.comm.shm import SharedTensor, attach
+from spotlight.errors import NotFound, ProtocolError
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def header(tag: str, fields: dict, tensors: list | None = None) -> bytes:
+    return msgpack.packb({"type": tag, "fields": fields, "tensors": tensors or []})
+
+
+def test_every_registered_message_has_a_supported_schema() -> None:
+    for tag, cls in m.MESSAGES.items():
+        assert cls.TAG == tag
+        for name, tp in typing.get_type_hints(cls).items():
+            if name != "TAG":
+                _checker(tp)  # raises TypeError on an annotation the decoder cannot check
+
+
+def test_round_trip_scalars_and_nested_messages() -> None:
+    grant = m.LeaseGrant(request_id="r", attempt=2, deadline=1.5, lease_s=30.0, kind="explore",
+                         iteration=4, payload={"seed": 9, "prompt": "a cat", "b": b"\x00"},
+                         resume={"request_id": "r", "step": 3, "key": "commit/r"})
+    assert decode(encode(m.LeaseBatch(leases=[grant, grant]))) == m.LeaseBatch(leases=[grant] * 2)
+    assert decode(encode(m.Ok())) == m.Ok()
+    assert decode(encode(m.Heartbeat(request_id="r", attempt=1, worker_id="w"))).committed_step is None
+
+
+def test_tensors_are_zero_copy_both_ways() -> None:
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    nested = np.ones(5, dtype=np.int64)
+    frames = encode(m.Put(key="k", tensors={"a": a}, meta={"deep": [{"x": nested}]}))
+    assert len(frames) == 3
+    assert np.shares_memory(np.frombuffer(frames[1], np.float32), a)  # encode passes the buffer
+    out = decode(frames)
+    assert np.shares_memory(out.tensors["a"], a)  # decode views the frame
+    np.testing.assert_array_equal(out.tensors["a"], a)
+    np.testing.assert_array_equal(out.meta["deep"][0]["x"], nested)
+    # Non-contiguous input is made contiguous (the only copy); 0-d and empty shapes survive.
+    for x in (a[:, ::2], np.array(3.5), np.zeros((0, 7), np.float16), np.array([True, False])):
+        y = decode(encode(m.Put(key="k", tensors={"x": x}, meta={}))).tensors["x"]
+        assert y.shape == x.shape and y.dtype == x.dtype and np.array_equal(x, y)
+
+
+def test_torch_cpu_tensors_are_accepted_zero_copy() -> None:
+    torch = pytest.importorskip("torch")
+    t = torch.arange(6, dtype=torch.float32)
+    frames = encode(m.Put(key="k", tensors={"t": t}, meta={}))
+    assert np.shares_memory(np.frombuffer(frames[1], np.float32), t.numpy())
+    np.testing.assert_array_equal(decode(frames).tensors["t"], t.numpy())
+
+
+@pytest.mark.parametrize(
+    ("frames", "match"),
+    [
+        ([], "at least a header"),
+        ([b"\xc1garbage"], "not valid msgpack"),
+        ([msgpack.packb([1, 2])], "must be a map"),
+        ([msgpack.packb({"type": "ok", "fields": {}})], "keys type, fields, tensors"),
+        ([header("nope", {})], "unknown message type 'nope'"),
+        ([header("q.release", {"request_id": "r", "attempt": 1})], r"missing fields \['worker_id'\]"),
+        ([header("ok", {"extra": 1})], r"unknown fields \['extra'\]"),
+        ([header("q.release", {"request_id": "r", "attempt": "1", "worker_id": "w"})],
+         "Release.attempt: expected int, got str"),
+        ([header("q.release", {"request_id": "r", "attempt": True, "worker_id": "w"})],
+         "expected int, got bool"),
+        ([header("q.pull", {"worker_id": "w", "kinds": ["train"], "max_wait_s": 0.0})],
+         r"Pull.kinds\[0\]"),
+        ([header("q.submit", {"requests": {"a": 1}})], "expected a list"),
+        ([header("s.put", {"key": "k", "tensors": {"a": None}, "meta": {}},
+                 [{"path": ["tensors", "a"], "dtype": "object", "shape": [1], "frame": 1}]),
+          b"\x00" * 8], "dtype 'object' not allowed"),
+        ([header("s.put", {"key": "k", "tensors": {"a": None}, "meta": {}},
+                 [{"path": ["tensors", "a"], "dtype": "float32", "shape": [3], "frame": 1}]),
+          b"\x00" * 8], r"shape \[3\] x 4 B != frame of 8 B"),
+        ([header("s.put", {"key": "k", "tensors": {"a": None}, "meta": {}},
+                 [{"path": ["tensors", "b"], "dtype": "uint8", "shape": [1], "frame": 1}]),
+          b"\x00"], "path does not exist"),
+        ([header("s.put", {"key": "k", "tensors": {"a": None}, "meta": {}})], "Put.tensors.a"),
+        ([header("s.put", {"key": "k", "tensors": {}, "meta": {}}), b"x"], "1 tensor frames"),
+        ([header("s.put", {"key": "k", "tensors": {"a": 1}, "meta": {}})], "expected a tensor"),
+    ],
+)
+def test_malformed_frames_raise_protocol_error(frames: list, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        decode(frames)
+
+
+def test_size_limits() -> None:
+    limits = Limits(max_header_bytes=256, max_frame_bytes=1024, max_total_bytes=4096)
+    with pytest.raises(ProtocolError, match="header is .* over the 256 limit"):
+        decode(encode(m.ErrorReply(code="x", message="y" * 300)), limits)
+    with pytest.raises(ProtocolError, match="frame is 2048 bytes"):
+        decode(encode(m.Put(key="k", tensors={"a": np.zeros(256)}, meta={})), limits)
+    big = {f"t{i}": np.zeros(128) for i in range(5)}
+    with pytest.raises(ProtocolError, match="over the 4096 limit"):
+        decode(encode(m.Put(key="k", tensors=big, meta={})), limits)
+    with pytest.raises(ValueError, match="max_frame_bytes"):
+        Limits(max_frame_bytes=0)
+
+
+def test_encode_refuses_bad_values() -> None:
+    with pytest.raises(ProtocolError, match="dtype object"):
+        encode(m.Put(key="k", tensors={"a": np.array([object()])}, meta={}))
+    with pytest.raises(ProtocolError, match="cannot encode"):
+        encode(m.Put(key="k", tensors={}, meta={"f": {1, 2}}))  # a set is not msgpack
+
+
+def test_shm_descriptor_round_trip_and_ownership() -> None:
+    src = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    with SharedTensor.copy_of(src) as shared:
+        desc = decode(encode(m.Put(key="k", tensors={}, meta={"shm": shared.descriptor}))).meta["shm"]
+        with attach(desc) as view:
+            np.testing.assert_array_equal(view.array, src)
+            view.array[0, 0] = 42.0  # same pages, not a copy
+            assert shared.array[0, 0] == 42.0
+        name = shared.name
+    with pytest.raises(NotFound, match=name):  # creator unlinked it on exit
+        attach(desc)
+    with pytest.raises(ProtocolError, match="bad segment name"):
+        attach({"name": "/etc/passwd", "dtype": "float32", "shape": [1]})
+    with SharedTensor.empty((4,), np.int32) as small, pytest.raises(ProtocolError, match="needs"):
+        attach({**small.descriptor, "shape": [1 << 20]})
