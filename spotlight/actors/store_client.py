@@ -174,12 +174,20 @@ class TensorStoreClient:
         inline = {k: a for k, a in arrays.items() if k not in big}
         await self._call(via_shm(inline, refs))
 
-    def _read(self, reply: m.ShmTensors) -> Tensors:
-        assert self._maps is not None
-        out = dict(reply.tensors)
-        for name, ref in reply.refs.items():
-            out[name] = self._maps.read(ref["name"], ref["gen"], ref["dtype"], ref["shape"])
-        return out
+    def _read(self, reply: Any, out: dict[str, np.ndarray] | None) -> Tensors:
+        """The reply's tensors; with ``out``, those named there are copied into the caller's
+        arrays (no fresh pages to fault in: the fast way to refill a worker's buffers)."""
+        out = out or {}
+        got = dict(reply.tensors)
+        for name, arr in got.items():
+            if name in out:
+                np.copyto(out[name], arr, casting="no")
+                got[name] = out[name]
+        for name, ref in getattr(reply, "refs", {}).items():
+            assert self._maps is not None
+            got[name] = self._maps.read(ref["name"], ref["gen"], ref["dtype"], ref["shape"],
+                                        out.get(name))
+        return got
 
     # --- keys ----------------------------------------------------------------------------------
     async def put(self, key: str, tensors: dict[str, Any], meta: dict | None = None) -> None:
@@ -187,12 +195,14 @@ class TensorStoreClient:
         await self._write(tensors, lambda t: m.Put(key=key, tensors=t, meta=meta),
                           lambda t, r: m.ShmPut(key=key, tensors=t, refs=r, meta=meta))
 
-    async def get(self, key: str) -> tuple[Tensors, dict]:
+    async def get(self, key: str, *, out: dict[str, np.ndarray] | None = None
+                  ) -> tuple[Tensors, dict]:
+        """``(tensors, meta)``; ``out`` optionally names preallocated arrays to fill."""
         if self._maps is not None:
             reply = await self._call(m.ShmFetch(what="key", name=key))
-            return self._read(reply), reply.meta
-        reply = await self._call(m.Get(key=key))
-        return reply.tensors, reply.meta
+        else:
+            reply = await self._call(m.Get(key=key))
+        return self._read(reply, out), reply.meta
 
     async def delete(self, key: str) -> None:
         await self._call(m.Delete(key=key))
@@ -258,7 +268,7 @@ class TensorStoreClient:
     async def get_commit(self, request_id: str) -> tuple[int, Tensors, dict] | None:
         if self._maps is not None:
             reply = await self._call(m.ShmFetch(what="commit", name=request_id))
-            return None if reply.step is None else (reply.step, self._read(reply), reply.meta)
+            return None if reply.step is None else (reply.step, self._read(reply, None), reply.meta)
         reply = await self._call(m.GetCommit(request_id=request_id))
         return None if reply.step is None else (reply.step, reply.tensors, reply.meta)
 
@@ -270,10 +280,12 @@ class TensorStoreClient:
         await self._write(tensors, lambda t: m.PublishWeights(version=version, tensors=t, meta={}),
                           lambda t, r: m.ShmPublish(version=version, tensors=t, refs=r, meta={}))
 
-    async def get_weights(self, version: int) -> Tensors:
+    async def get_weights(self, version: int, *, out: dict[str, np.ndarray] | None = None
+                          ) -> Tensors:
+        """Weights ``version``; ``out`` optionally names preallocated arrays to fill."""
         if self._maps is not None:
-            return self._read(await self._call(m.ShmFetch(what="weights", version=version)))
-        return (await self._call(m.GetWeights(version=version))).tensors
+            return self._read(await self._call(m.ShmFetch(what="weights", version=version)), out)
+        return self._read(await self._call(m.GetWeights(version=version)), out)
 
     async def latest_version(self) -> int | None:
         return (await self._call(m.LatestVersion())).version

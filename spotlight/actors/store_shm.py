@@ -159,6 +159,10 @@ class ServiceSegments:
     def ref_of(self, arr: np.ndarray) -> dict[str, Any] | None:
         """``{name, gen}`` of the segment an adopted array lives in, else None."""
         base = arr.base
+        while isinstance(base, np.ndarray):  # numpy stops collapsing view chains at frombuffer
+            base = base.base
+        if isinstance(base, memoryview):  # frombuffer's base: a memoryview exported by the mmap
+            base = base.obj
         if isinstance(base, mmap.mmap) and base in self._held:
             name = self._held[base]
             return {"name": name, "gen": self._gen[name]}
@@ -236,10 +240,16 @@ class ClientMappings:
             raise ProtocolError(f"segment {name!r} is at another generation than lent")
         np.copyto(view(mm, arr.dtype.name, list(arr.shape)), arr, casting="no")
 
-    def read(self, name: str, gen: int, dtype: str, shape: list[int]) -> np.ndarray:
-        """Copy a tensor out (the segment may be recycled later); check no writer raced us."""
+    def read(self, name: str, gen: int, dtype: str, shape: list[int],
+             out: np.ndarray | None = None) -> np.ndarray:
+        """Copy a tensor out (the segment may be recycled later); check no writer raced us.
+        ``out``: copy into this array (same dtype and shape) instead of a fresh one."""
         mm = self.attach(name)
-        out = view(mm, dtype, shape).copy()
+        src = view(mm, dtype, shape)
+        if out is None:
+            out = src.copy()
+        else:
+            np.copyto(out, src, casting="no")
         if int(_gen_word(mm)[0]) != gen:
             raise ProtocolError(f"segment {name!r} was recycled while being read; retry")
         return out

@@ -75,6 +75,9 @@ async def test_large_tensor_roundtrip_bit_exact(store, shm):
         got, meta = await client.get("traj/1")
         assert same_bits(got["x"], x) and np.array_equal(got["small"], small)
         assert meta == {"reward": 0.25}
+        buf = np.empty_like(x)
+        got, _ = await client.get("traj/1", out={"x": buf})
+        assert got["x"] is buf and same_bits(buf, x)
         await client.publish_weights(3, {"w": x})
         assert same_bits((await client.get_weights(3))["w"], x)
         await client.delete("traj/1")

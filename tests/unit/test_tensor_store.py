@@ -158,3 +158,37 @@ def test_publish_counts_versions_it_frees():
 def test_config_validation_names_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         TensorStoreConfig(**kwargs)
+
+
+# --- shared-memory segments (service side + client side, in one process) -------------------------
+def test_shm_segments_recycle_and_readers_detect_a_recycle():
+    import gc
+
+    from spotlight.actors.store_shm import ClientMappings, ServiceSegments
+    from spotlight.errors import ProtocolError
+
+    segs, maps = ServiceSegments(pool_bytes=16 << 20), ClientMappings()
+    core = TensorStoreCore()
+    try:
+        x = np.arange(1 << 18, dtype=np.float32)
+        name, gen = segs.lend(x.nbytes)
+        maps.write(name, gen, x)
+        core.put("k", {"x": segs.adopt(name, gen, "float32", [x.size])})
+        held = core.get("k")[0]["x"]
+        assert segs.ref_of(held) == {"name": name, "gen": gen}
+        np.testing.assert_array_equal(maps.read(name, gen, "float32", [x.size]), x)
+        with pytest.raises(ProtocolError, match="not lent"):
+            segs.adopt(name, gen, "float32", [x.size])  # adopted once only
+        del held
+        core.delete("k")
+        gc.collect()
+        assert segs.free_bytes > 0  # the last view died: back in the pool
+        name2, gen2 = segs.lend(x.nbytes)
+        assert (name2, gen2) == (name, gen + 1)  # same warm segment, next generation
+        with pytest.raises(ProtocolError, match="recycled"):
+            maps.read(name, gen, "float32", [x.size])  # a reader of the old data notices
+        with pytest.raises(ProtocolError, match="dtype"):
+            segs.adopt(name2, gen2, "object", [1])
+    finally:
+        maps.close()
+        segs.close()
