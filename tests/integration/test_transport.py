@@ -65,10 +65,10 @@ async def test_server_survives_bad_frames_and_keeps_serving(bind: str) -> None:
         try:
             bad = [
                 ([b"\xc1\xc1 not msgpack"], "not valid msgpack"),
-                ([msgpack.packb({"type": "nope", "fields": {}, "tensors": []})], "unknown message"),
-                ([msgpack.packb({"type": "s.get", "fields": {"key": 5}, "tensors": []})],
+                ([msgpack.packb({"type": "nope", "tensors": [], "fields": {}})], "unknown message"),
+                ([msgpack.packb({"type": "s.get", "tensors": [], "fields": {"key": 5}})],
                  "Get.key: expected str"),
-                ([msgpack.packb({"type": "s.get", "fields": {"key": "k" * 5000}, "tensors": []})],
+                ([msgpack.packb({"type": "s.get", "tensors": [], "fields": {"key": "k" * 5000}})],
                  "over the 4096 limit"),
                 (encode(m.Ok()), "does not handle Ok"),
             ]

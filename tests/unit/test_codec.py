@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import typing
 
 import msgpack
@@ -17,7 +18,17 @@ pytestmark = pytest.mark.timeout(20)
 
 
 def header(tag: str, fields: dict, tensors: list | None = None) -> bytes:
-    return msgpack.packb({"type": tag, "fields": fields, "tensors": tensors or []})
+    """A header laid out as the encoder does: type, tensors, fields (in that order)."""
+    return msgpack.packb({"type": tag, "tensors": tensors or [], "fields": fields})
+
+
+def slot(frame: int, code: int = 1) -> msgpack.ExtType:
+    return msgpack.ExtType(code, struct.pack("<I", frame))
+
+
+def put(a: object, dtype: str = "float32", shape: list | None = None, frame: int = 1) -> bytes:
+    spec = {"dtype": dtype, "shape": [2] if shape is None else shape, "frame": frame}
+    return header("s.put", {"key": "k", "tensors": {"a": a}, "meta": {}}, [spec])
 
 
 def test_every_registered_message_has_a_supported_schema() -> None:
@@ -66,8 +77,10 @@ def test_torch_cpu_tensors_are_accepted_zero_copy() -> None:
     [
         ([], "at least a header"),
         ([b"\xc1garbage"], "not valid msgpack"),
-        ([msgpack.packb([1, 2])], "must be a map"),
-        ([msgpack.packb({"type": "ok", "fields": {}})], "keys type, fields, tensors"),
+        ([msgpack.packb([1, 2])], "not valid msgpack"),
+        ([msgpack.packb({"type": "ok", "fields": {}})], "map of type, tensors, fields"),
+        ([msgpack.packb({"fields": {}, "type": "ok", "tensors": []})], "found key 'fields'"),
+        ([header("ok", {}) + b"\x00"], "trailing bytes"),
         ([header("nope", {})], "unknown message type 'nope'"),
         ([header("q.release", {"request_id": "r", "attempt": 1})], r"missing fields \['worker_id'\]"),
         ([header("ok", {"extra": 1})], r"unknown fields \['extra'\]"),
@@ -78,18 +91,17 @@ def test_torch_cpu_tensors_are_accepted_zero_copy() -> None:
         ([header("q.pull", {"worker_id": "w", "kinds": ["train"], "max_wait_s": 0.0})],
          r"Pull.kinds\[0\]"),
         ([header("q.submit", {"requests": {"a": 1}})], "expected a list"),
-        ([header("s.put", {"key": "k", "tensors": {"a": None}, "meta": {}},
-                 [{"path": ["tensors", "a"], "dtype": "object", "shape": [1], "frame": 1}]),
-          b"\x00" * 8], "dtype 'object' not allowed"),
-        ([header("s.put", {"key": "k", "tensors": {"a": None}, "meta": {}},
-                 [{"path": ["tensors", "a"], "dtype": "float32", "shape": [3], "frame": 1}]),
-          b"\x00" * 8], r"shape \[3\] x 4 B != frame of 8 B"),
-        ([header("s.put", {"key": "k", "tensors": {"a": None}, "meta": {}},
-                 [{"path": ["tensors", "b"], "dtype": "uint8", "shape": [1], "frame": 1}]),
-          b"\x00"], "path does not exist"),
-        ([header("s.put", {"key": "k", "tensors": {"a": None}, "meta": {}})], "Put.tensors.a"),
-        ([header("s.put", {"key": "k", "tensors": {}, "meta": {}}), b"x"], "1 tensor frames"),
-        ([header("s.put", {"key": "k", "tensors": {"a": 1}, "meta": {}})], "expected a tensor"),
+        ([header("ok", {}, [{"dtype": "uint8", "shape": [1], "frame": 1}])], "lists 1 tensors but 0 tensor frames"),
+        ([header("ok", {}), b"x"], "lists 0 tensors but 1 tensor frames"),
+        ([put(slot(1), dtype="object"), b"\x00" * 8], "dtype 'object' not allowed"),
+        ([put(slot(1), shape=[3]), b"\x00" * 8], r"shape \[3\] x 4 B != frame of 8 B"),
+        ([put(slot(1), frame=2), b"\x00" * 8], "names frame 2"),
+        ([put(slot(2)), b"\x00" * 8], "names frame 2: missing or reused"),
+        ([put([slot(1), slot(1)]), b"\x00" * 8], "missing or reused"),
+        ([put(None), b"\x00" * 8], "1 tensor frames unplaced"),
+        ([put(slot(1, code=5)), b"\x00" * 8], "unknown msgpack extension 5"),
+        ([header("s.put", {"key": "k", "tensors": {"a": None}, "meta": {}})],
+         "Put.tensors.a: expected a tensor, got NoneType"),
     ],
 )
 def test_malformed_frames_raise_protocol_error(frames: list, match: str) -> None:
@@ -111,7 +123,7 @@ def test_size_limits() -> None:
 
 
 def test_encode_refuses_bad_values() -> None:
-    with pytest.raises(ProtocolError, match="dtype object"):
+    with pytest.raises(ProtocolError, match="Put: tensor dtype object not allowed"):
         encode(m.Put(key="k", tensors={"a": np.array([object()])}, meta={}))
     with pytest.raises(ProtocolError, match="cannot encode"):
         encode(m.Put(key="k", tensors={}, meta={"f": {1, 2}}))  # a set is not msgpack
