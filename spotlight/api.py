@@ -1,0 +1,52 @@
+"""The Python API for scripted experiments.
+
+    from spotlight import Experiment, load_recipe
+    exp = Experiment(load_recipe("tiny", ["run.iterations=20"]))
+    exp.on_metrics(lambda record: print(record["event"], record.get("eval_reward")))
+    summary = exp.run()
+
+`Experiment` picks the executor the recipe's `run.mode` names: the in-process reference loop, or
+the actor runtime in local processes (reserved side + spot workers), whose queue and tensor store
+clients are reachable as `exp.queue` / `exp.store` while it runs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from spotlight.recipe import Recipe, load_recipe
+
+
+class Experiment:
+    def __init__(self, recipe: Recipe | str | dict | None = None, overrides: list[str] | None = None):
+        self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe, overrides)
+        self._hooks: list[Callable[[dict], None]] = []
+        self.records: list[dict] = []
+        self.loop = None
+        self.runtime = None
+
+    def on_metrics(self, hook: Callable[[dict], None]) -> None:
+        """Call `hook(record)` for every metrics record (iteration, eval) as it is written."""
+        self._hooks.append(hook)
+
+    @property
+    def queue(self):
+        return None if self.runtime is None else self.runtime.queue
+
+    @property
+    def store(self):
+        return None if self.runtime is None else self.runtime.store
+
+    def run(self, resume: bool = False, progress: bool = True) -> dict:
+        from spotlight.loop import Loop
+
+        hooks = [self.records.append, *self._hooks]
+        if self.recipe.run.mode == "in-process":
+            self.loop = Loop(self.recipe, resume=resume, hooks=hooks, progress=progress)
+            return self.loop.run()
+        from spotlight.actors.runtime import LocalRuntime
+
+        with LocalRuntime(self.recipe) as self.runtime:
+            self.loop = Loop(self.recipe, executor_factory=self.runtime.executor, resume=resume, hooks=hooks,
+                             progress=progress)
+            return self.loop.run()

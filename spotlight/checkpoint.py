@@ -1,0 +1,60 @@
+"""Run checkpoints for `--resume`: model weights and optimizer state, both as safetensors.
+
+`iter_NNNN.safetensors` holds the model (DiT + text encoder, LoRA weights included);
+`iter_NNNN.optim.safetensors` holds AdamW's moments and step counts, flattened by parameter index.
+No pickle: optimizer state is tensors plus a JSON header in the file's metadata.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from spotlight.errors import NotFound
+
+
+def save(folder: Path, iteration: int, model, trainer, wall_s: float) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"iter_{iteration:04d}.safetensors"
+    model.save(path, extra={"iteration": iteration, "wall_s": wall_s})
+    state = trainer.opt.state_dict()
+    tensors, steps = {}, {}
+    for idx, st in state["state"].items():
+        for key, value in st.items():
+            if key == "step":
+                steps[str(idx)] = float(value)
+            else:
+                tensors[f"{idx}.{key}"] = value.contiguous()
+    meta = {"steps": json.dumps(steps), "param_groups": json.dumps(state["param_groups"]),
+            "trainer_iteration": str(trainer.iteration)}
+    save_file(tensors, str(folder / f"iter_{iteration:04d}.optim.safetensors"), metadata=meta)
+    return path
+
+
+def load_latest(folder: Path, model, trainer) -> tuple[int, float]:
+    """Restore the newest checkpoint in `folder`; returns (iteration, wall seconds so far)."""
+    found = sorted(p for p in folder.glob("iter_*.safetensors") if not p.name.endswith(".optim.safetensors"))
+    if not found:
+        raise NotFound(f"--resume: no checkpoint in {folder}")
+    path = found[-1]
+    with safe_open(str(path), "pt") as f:
+        extra = json.loads(f.metadata()["extra"])
+    model.load_state_dict(load_file(str(path)), strict=True)
+    optim_path = path.with_name(path.name.replace(".safetensors", ".optim.safetensors"))
+    tensors = load_file(str(optim_path))
+    with safe_open(str(optim_path), "pt") as f:
+        meta = f.metadata()
+    steps = json.loads(meta["steps"])
+    state: dict = {"state": {}, "param_groups": json.loads(meta["param_groups"])}
+    for name, value in tensors.items():
+        idx, key = name.split(".", 1)
+        state["state"].setdefault(int(idx), {})[key] = value
+    for idx, step in steps.items():
+        state["state"].setdefault(int(idx), {})["step"] = torch.tensor(step)
+    trainer.opt.load_state_dict(state)
+    trainer.iteration = int(meta["trainer_iteration"])
+    return int(extra["iteration"]), float(extra["wall_s"])

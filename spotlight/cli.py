@@ -1,0 +1,117 @@
+"""`spotlight` command line: parses arguments and calls the library. Thin on purpose.
+
+    spotlight run tiny                       # the demo recipe, in one process
+    spotlight run my.toml grpo.lr=5e-5 --resume
+    spotlight pretrain --minutes 25 --out spotlight/assets/base.safetensors
+    spotlight eval --checkpoint runs/tiny/checkpoints/iter_0060.safetensors
+    spotlight keys --out keys --name controller
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from spotlight.errors import SpotlightError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return args.func(args) or 0
+    except SpotlightError as e:  # one clear line, no traceback wall
+        print(f"spotlight: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("spotlight: interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spotlight", description="GRPO post-training of DiTs on reserved + spot GPUs.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a recipe (GRPO iterations, evaluation, checkpoints)",
+                         description="Run a recipe: a TOML file or a built-in name (tiny, ...), plus "
+                                     "section.field=value overrides.")
+    run.add_argument("recipe", help="recipe file or built-in recipe name")
+    run.add_argument("overrides", nargs="*", help="section.field=value, e.g. grpo.lr=5e-5")
+    run.add_argument("--resume", action="store_true", help="continue from the run folder's newest checkpoint")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and CI)")
+    run.set_defaults(func=_run)
+
+    pre = sub.add_parser("pretrain", help="pretrain the base model by flow matching on synthetic scenes",
+                         description="Pretrain the tiny DiT + text encoder on the synthetic compositional data set.")
+    pre.add_argument("--minutes", type=float, default=25.0, help="wall-clock budget (default 25)")
+    pre.add_argument("--max-steps", type=int, default=1_000_000)
+    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--out", type=Path, default=Path("runs/pretrain/base.safetensors"))
+    pre.add_argument("overrides", nargs="*", help="model.field=value, e.g. model.layers=2")
+    pre.set_defaults(func=_pretrain)
+
+    ev = sub.add_parser("eval", help="evaluate a checkpoint on held-out seeds",
+                        description="Evaluate a checkpoint: held-out compositional reward, mean ± spread over seed sets.")
+    ev.add_argument("--checkpoint", default="builtin:base", help="spotlight .safetensors (default: the shipped base)")
+    ev.add_argument("--recipe", default="tiny", help="recipe giving prompts, sampler and eval settings")
+    ev.add_argument("--out", type=Path, default=Path("runs/eval"), help="where the sample grid goes")
+    ev.add_argument("overrides", nargs="*", help="section.field=value")
+    ev.set_defaults(func=_eval)
+
+    keys = sub.add_parser("keys", help="make a CURVE key pair for authenticated TCP",
+                          description="Write NAME.key (public) and NAME.key_secret (secret) into OUT.")
+    keys.add_argument("--out", type=Path, default=Path("keys"))
+    keys.add_argument("--name", default="node")
+    keys.set_defaults(func=_keys)
+    return p
+
+
+def _run(args) -> int:
+    from spotlight.api import Experiment
+    from spotlight.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    summary = Experiment(recipe).run(resume=args.resume, progress=not args.no_progress)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _pretrain(args) -> int:
+    from spotlight.pretrain import PretrainConfig, pretrain
+    from spotlight.recipe import load_recipe
+
+    model = load_recipe({"model": {"checkpoint": None}}, args.overrides).model
+    pretrain(PretrainConfig(model=model, minutes=args.minutes, max_steps=args.max_steps, seed=args.seed), args.out)
+    return 0
+
+
+def _eval(args) -> int:
+    from spotlight.loop import Loop
+    from spotlight.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe, [f"model.checkpoint={json.dumps(args.checkpoint)}",
+                                       f"run.out_dir={json.dumps(str(args.out))}", "run.name=\"eval\"", *args.overrides])
+    loop = Loop(recipe, progress=False)
+    result = loop.evaluate(0)
+    print(json.dumps({"checkpoint": args.checkpoint, "eval_reward": result["eval_reward"],
+                      "eval_reward_std": result["eval_reward_std"], "per_seed_set": result["eval_per_seed_set"],
+                      "samples": str(loop.out / "samples" / "eval_0000.png")}, indent=2))
+    return 0
+
+
+def _keys(args) -> int:
+    from spotlight.comm.auth import keys_main
+
+    public, secret = keys_main(str(args.out), args.name)
+    print(f"public key: {public}\nsecret key: {secret}  (keep it on this node only)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

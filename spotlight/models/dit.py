@@ -1,0 +1,204 @@
+"""Diffusion transformers: diffusers DiT classes behind one velocity interface.
+
+`DiffusionModel` = a diffusers DiT (the denoiser) + the project's text encoder. Its one job is
+`velocity(x_t, t, prompts)`: the flow-matching velocity (≈ ε − x_0) for images in pixel space
+[B, C, H, W] at times t in [0, 1]. Each supported diffusers class has a small adapter that knows
+that class's calling convention (token packing, RoPE ids, timestep scale). The default is
+`QwenImageTransformer2DModel` — the class of the paper's Qwen-Image — with a tiny config.
+
+Models know nothing of RL, actors, queues or parallelism.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from spotlight.errors import ConfigError, NotFound
+from spotlight.models.text import TextEncoder, WordTokenizer
+
+SUPPORTED = ("QwenImageTransformer2DModel", "SD3Transformer2DModel", "FluxTransformer2DModel")
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    """Which DiT to build or load, and the image space it works in."""
+
+    dit_class: str = "QwenImageTransformer2DModel"
+    """diffusers class name of the denoiser; one of SUPPORTED."""
+    dit_path: str | None = None
+    """Local folder written by `save_pretrained`; None builds a fresh tiny model of `dit_class`."""
+    checkpoint: str | None = "builtin:base"
+    """Spotlight checkpoint (.safetensors with DiT + text encoder); 'builtin:base' = the shipped base."""
+    image_size: int = 32
+    """Side of the square pixel canvas the model generates."""
+    channels: int = 3
+    patch: int = 4
+    """Pixels per token side; 32x32 at patch 4 = 64 image tokens."""
+    layers: int = 4
+    heads: int = 4
+    head_dim: int = 32
+    text_dim: int = 64
+    text_layers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.dit_class not in SUPPORTED:
+            raise ConfigError(f"model.dit_class: {self.dit_class!r} is not one of {', '.join(SUPPORTED)}")
+        for name in ("image_size", "channels", "patch", "layers", "heads", "head_dim", "text_dim", "text_layers"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model.{name} must be > 0, got {getattr(self, name)}")
+        if self.image_size % self.patch:
+            raise ConfigError(f"model.image_size ({self.image_size}) must be a multiple of model.patch ({self.patch})")
+        if self.head_dim % 4:
+            raise ConfigError(f"model.head_dim must be a multiple of 4 (RoPE axes), got {self.head_dim}")
+
+
+def tiny_dit(cfg: ModelConfig) -> nn.Module:
+    """A fresh tiny diffusers DiT of `cfg.dit_class`."""
+    import diffusers
+
+    cls = getattr(diffusers, cfg.dit_class)
+    tokens_in = cfg.channels * cfg.patch**2
+    if cfg.dit_class == "QwenImageTransformer2DModel":
+        t = cfg.head_dim // 4
+        rope = (cfg.head_dim - 2 * (cfg.head_dim * 3 // 8), cfg.head_dim * 3 // 8, cfg.head_dim * 3 // 8)
+        assert sum(rope) == cfg.head_dim and t > 0
+        return cls(patch_size=cfg.patch, in_channels=tokens_in, out_channels=cfg.channels, num_layers=cfg.layers,
+                   attention_head_dim=cfg.head_dim, num_attention_heads=cfg.heads,
+                   joint_attention_dim=cfg.text_dim, axes_dims_rope=rope)
+    if cfg.dit_class == "FluxTransformer2DModel":
+        rope = (cfg.head_dim - 2 * (cfg.head_dim * 3 // 8), cfg.head_dim * 3 // 8, cfg.head_dim * 3 // 8)
+        return cls(patch_size=1, in_channels=tokens_in, out_channels=tokens_in, num_layers=cfg.layers // 2 or 1,
+                   num_single_layers=cfg.layers - cfg.layers // 2, attention_head_dim=cfg.head_dim,
+                   num_attention_heads=cfg.heads, joint_attention_dim=cfg.text_dim,
+                   pooled_projection_dim=cfg.text_dim, axes_dims_rope=rope)
+    return cls(sample_size=cfg.image_size, patch_size=cfg.patch, in_channels=cfg.channels, num_layers=cfg.layers,
+               attention_head_dim=cfg.head_dim, num_attention_heads=cfg.heads, joint_attention_dim=cfg.text_dim,
+               caption_projection_dim=cfg.heads * cfg.head_dim, pooled_projection_dim=cfg.text_dim,
+               out_channels=cfg.channels, pos_embed_max_size=cfg.image_size // cfg.patch)
+
+
+def load_dit(dit_class: str, path: str | Path) -> nn.Module:
+    """`from_pretrained` of a diffusers DiT class from a local folder (no hub access)."""
+    import diffusers
+
+    if dit_class not in SUPPORTED:
+        raise ConfigError(f"model.dit_class: {dit_class!r} is not one of {', '.join(SUPPORTED)}")
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise NotFound(f"model.dit_path: {path} is not a saved diffusers model folder (no config.json)")
+    return getattr(diffusers, dit_class).from_pretrained(path, local_files_only=True)
+
+
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """[B, C, H, W] -> [B, (H/p)(W/p), C·p·p] tokens, row-major over the token grid."""
+    b, c, h, w = x.shape
+    x = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // p) * (w // p), c * p * p)
+
+
+def unpatchify(tokens: torch.Tensor, p: int, c: int, h: int, w: int) -> torch.Tensor:
+    b = tokens.shape[0]
+    x = tokens.reshape(b, h // p, w // p, c, p, p).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, c, h, w)
+
+
+class DiffusionModel(nn.Module):
+    """A diffusers DiT + the project's text encoder, with one `velocity` call for every class."""
+
+    def __init__(self, cfg: ModelConfig, dit: nn.Module, text: TextEncoder, tokenizer: WordTokenizer):
+        super().__init__()
+        self.cfg, self.dit, self.text, self.tokenizer = cfg, dit, text, tokenizer
+
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Text hidden states [B, L, D] and mask [B, L] (computed once per prompt batch)."""
+        ids, mask = self.tokenizer(prompts)
+        device = next(self.text.parameters()).device
+        ids, mask = ids.to(device), mask.to(device)
+        return self.text(ids, mask), mask
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, text: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Velocity for pixels x [B, C, H, W] at times t [B] in [0, 1] given encoded text."""
+        hidden, mask = text
+        cfg, (b, c, h, w) = self.cfg, x.shape
+        if cfg.dit_class == "SD3Transformer2DModel":
+            return self.dit(hidden_states=x, encoder_hidden_states=hidden, pooled_projections=_pool(hidden, mask),
+                            timestep=t * 1000, return_dict=False)[0]
+        tokens = patchify(x, cfg.patch)
+        gh, gw = h // cfg.patch, w // cfg.patch
+        if cfg.dit_class == "QwenImageTransformer2DModel":
+            out = self.dit(hidden_states=tokens, encoder_hidden_states=hidden, encoder_hidden_states_mask=mask,
+                           timestep=t, img_shapes=[[(1, gh, gw)]] * b, return_dict=False)[0]
+        else:  # Flux: explicit RoPE position ids, timestep in [0, 1]
+            img_ids = torch.zeros(gh, gw, 3, device=x.device)
+            img_ids[..., 1] = torch.arange(gh, device=x.device)[:, None]
+            img_ids[..., 2] = torch.arange(gw, device=x.device)[None, :]
+            out = self.dit(hidden_states=tokens, encoder_hidden_states=hidden, pooled_projections=_pool(hidden, mask),
+                           timestep=t, img_ids=img_ids.reshape(-1, 3),
+                           txt_ids=torch.zeros(hidden.shape[1], 3, device=x.device), return_dict=False)[0]
+        return unpatchify(out, cfg.patch, c, h, w)
+
+    # --- checkpoints -----------------------------------------------------------------------
+    def save(self, path: str | Path, extra: dict | None = None) -> None:
+        """One safetensors file holding DiT + text encoder weights; configs in its metadata."""
+        from safetensors.torch import save_file
+
+        meta = {"model": json.dumps(asdict(self.cfg)), "dit_config": json.dumps(dict(self.dit.config)),
+                "text": json.dumps(self.text.config), "vocabulary": json.dumps(self.tokenizer.vocabulary),
+                "extra": json.dumps(extra or {})}
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        save_file(state, str(path), metadata=meta)
+
+
+def _pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+
+
+BUILTIN_BASE = Path(__file__).resolve().parent.parent / "assets" / "base.safetensors"
+
+
+def resolve_checkpoint(path: str) -> Path:
+    p = BUILTIN_BASE if path == "builtin:base" else Path(path)
+    if not p.is_file():
+        raise NotFound(f"model.checkpoint: {p} does not exist" + (" (run `spotlight pretrain`)" if path == "builtin:base" else ""))
+    return p
+
+
+def build_model(cfg: ModelConfig, vocabulary) -> DiffusionModel:
+    """Build (fresh or from a checkpoint / diffusers folder) the model a recipe names."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    if cfg.checkpoint is not None:
+        path = resolve_checkpoint(cfg.checkpoint)
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
+        saved = json.loads(meta["model"])
+        keep = {"checkpoint": cfg.checkpoint, "dit_path": cfg.dit_path}
+        if cfg.dit_path:  # the DiT comes from the diffusers folder, only the text encoder from here
+            keep["dit_class"] = cfg.dit_class
+        cfg = ModelConfig(**{**saved, **keep})
+        vocabulary = json.loads(meta["vocabulary"])
+        model = _assemble(cfg, vocabulary, json.loads(meta["text"]))
+        state = load_file(str(path))
+        if cfg.dit_path:
+            state = {k: v for k, v in state.items() if k.startswith("text.")}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or (missing and cfg.dit_path is None):
+            raise ConfigError(f"model.checkpoint {path}: weights do not match (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        return model
+    return _assemble(cfg, vocabulary, None)
+
+
+def _assemble(cfg: ModelConfig, vocabulary, text_cfg: dict | None) -> DiffusionModel:
+    tokenizer = WordTokenizer(vocabulary)
+    text_cfg = text_cfg or dict(vocab_size=len(tokenizer), dim=cfg.text_dim, layers=cfg.text_layers, heads=4,
+                                max_length=tokenizer.max_length)
+    dit = load_dit(cfg.dit_class, cfg.dit_path) if cfg.dit_path else tiny_dit(cfg)
+    return DiffusionModel(cfg, dit, TextEncoder(**text_cfg), tokenizer)

@@ -1,0 +1,194 @@
+"""Flow-matching samplers: ODE for evaluation, SDE with exact per-step log-probs for rollouts.
+
+Flow-GRPO formulation (DESIGN §6). x_t = (1−t)·x_0 + t·ε, v ≈ ε − x_0, sampling from t=1 to 0.
+One SDE step from t to t+Δt (Δt < 0):
+
+    x' = x + [v + σ²/(2t)·(x + (1−t)·v)]·Δt + σ·√|Δt|·z,   σ = a·√(t/(1−t))
+
+is a Gaussian transition with mean μ(x, t) and std σ·√|Δt|, so log p(x' | x) is exact.
+
+Noise is counter-based: the draw for step k of a sample depends only on (seed, k). A trajectory
+resumed from its step-k state therefore ends bit-identical to the uninterrupted run — the
+contract the preemption-aware scheduler relies on (DESIGN §5). A batch is one unit of work: the
+same (prompts, seeds) batch gives the same bits; the runtime never splits or merges batches.
+
+This module knows the math only; the model is anything with `velocity(x, t, text)` and `encode`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from spotlight.errors import ConfigError
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(kw_only=True, slots=True)
+class SamplerConfig:
+    """How rollouts and evaluation samples are drawn."""
+
+    steps: int = 10
+    """Denoising steps from t=1 to t=0."""
+    noise_level: float = 0.7
+    """a in σ_t = a·√(t/(1−t)): SDE exploration noise (0 would be the ODE)."""
+    shift: float = 1.0
+    """Time shift t' = s·t/(1+(s−1)·t); >1 spends more steps at high noise (SD3 uses 3)."""
+    eval_steps: int = 20
+    """ODE steps for evaluation samples."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"sampler.steps must be >= 1, got {self.steps}")
+        if self.eval_steps < 1:
+            raise ConfigError(f"sampler.eval_steps must be >= 1, got {self.eval_steps}")
+        if not 0 < self.noise_level <= 2:
+            raise ConfigError(f"sampler.noise_level must be in (0, 2], got {self.noise_level}")
+        if self.shift <= 0:
+            raise ConfigError(f"sampler.shift must be > 0, got {self.shift}")
+
+
+def timesteps(steps: int, shift: float = 1.0) -> torch.Tensor:
+    """steps+1 times from 1 down to 0 (float64 for exact, device-independent arithmetic)."""
+    t = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+    return shift * t / (1 + (shift - 1) * t)
+
+
+def _mix(seed: int, counter: int) -> int:
+    """splitmix64 of (seed, counter): a well-spread 63-bit generator seed."""
+    z = (seed * 0x9E3779B97F4A7C15 + (counter + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+def noise(seeds: list[int], counter: int, shape: tuple[int, ...], device=None) -> torch.Tensor:
+    """Standard normal [B, *shape]; row i depends only on (seeds[i], counter).
+
+    Drawn on the CPU so every backend sees the same bits. counter = -1 is the initial noise x_1,
+    counter = k the SDE draw of step k.
+    """
+    g = torch.Generator()
+    rows = []
+    for s in seeds:
+        g.manual_seed(_mix(int(s), counter))
+        rows.append(torch.randn(shape, generator=g))
+    return torch.stack(rows).to(device)
+
+
+def sde_std(ts: torch.Tensor, k: int, noise_level: float) -> float:
+    """σ_t·√|Δt| of step k. At t=1, σ uses t_1 in 1/(1−t), as Flow-GRPO does, to stay finite."""
+    t, t_next = float(ts[k]), float(ts[k + 1])
+    t_den = float(ts[1]) if t >= 1.0 else t
+    sigma = noise_level * math.sqrt(t / (1 - t_den)) if t > 0 else 0.0
+    return sigma * math.sqrt(abs(t_next - t))
+
+
+def sde_mean(v: torch.Tensor, x: torch.Tensor, ts: torch.Tensor, k: int, noise_level: float) -> torch.Tensor:
+    """Mean of the Gaussian transition of step k given the velocity v at (x, t_k)."""
+    t, dt = float(ts[k]), float(ts[k + 1] - ts[k])
+    t_den = float(ts[1]) if t >= 1.0 else t
+    sigma2 = noise_level**2 * t / (1 - t_den) if t > 0 else 0.0
+    return x + (v + sigma2 / (2 * t) * (x + (1 - t) * v)) * dt
+
+
+def gaussian_log_prob(x_next: torch.Tensor, mean: torch.Tensor, std: float) -> torch.Tensor:
+    """log N(x_next; mean, std²) averaged over all non-batch dims (Flow-GRPO's per-step log-prob)."""
+    lp = -((x_next.detach() - mean) ** 2) / (2 * std**2) - math.log(std) - 0.5 * math.log(2 * math.pi)
+    return lp.flatten(1).mean(1)
+
+
+@dataclass(slots=True)
+class RolloutState:
+    """A batch's state between steps: what a worker commits and another resumes from."""
+
+    x: torch.Tensor  # current latent x_{t_k}, [B, C, H, W]
+    step: int  # next step to run (0..steps)
+    latents: list[torch.Tensor]  # x_{t_0} .. x_{t_k}
+    log_probs: list[torch.Tensor]  # log p of steps 0 .. k-1, each [B]
+
+
+def start(seeds: list[int], shape: tuple[int, ...], device=None) -> RolloutState:
+    x = noise(seeds, -1, shape, device)
+    return RolloutState(x=x, step=0, latents=[x], log_probs=[])
+
+
+@torch.no_grad()
+def sde_advance(model, state: RolloutState, text, seeds: list[int], cfg: SamplerConfig) -> RolloutState:
+    """Run one SDE step on `state` (in place) and return it."""
+    ts = timesteps(cfg.steps, cfg.shift)
+    k, x = state.step, state.x
+    t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
+    mean = sde_mean(model.velocity(x, t, text), x, ts, k, cfg.noise_level)
+    std = sde_std(ts, k, cfg.noise_level)
+    x_next = mean + std * noise(seeds, k, tuple(x.shape[1:]), x.device).to(x.dtype)
+    state.log_probs.append(gaussian_log_prob(x_next, mean, std))
+    state.latents.append(x_next)
+    state.x, state.step = x_next, k + 1
+    return state
+
+
+def sde_rollout(model, prompts: list[str], seeds: list[int], cfg: SamplerConfig, shape, state=None, on_step=None):
+    """Full SDE rollout of one batch, optionally resumed from `state`; `on_step(state)` after each step.
+
+    Returns the final state: latents [steps+1] and log-probs [steps] of the whole trajectory.
+    """
+    text = model.encode(prompts)
+    state = state or start(seeds, shape, _device(model))
+    while state.step < cfg.steps:
+        sde_advance(model, state, text, seeds, cfg)
+        if on_step is not None:
+            on_step(state)
+    return state
+
+
+def step_log_prob(model, x: torch.Tensor, x_next: torch.Tensor, k: int, text, cfg: SamplerConfig):
+    """log p_θ(x_next | x) of step k, and the transition mean (for the KL term). Differentiable."""
+    ts = timesteps(cfg.steps, cfg.shift)
+    t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
+    mean = sde_mean(model.velocity(x, t, text), x, ts, k, cfg.noise_level)
+    std = sde_std(ts, k, cfg.noise_level)
+    return gaussian_log_prob(x_next, mean, std), mean, std
+
+
+@torch.no_grad()
+def sample(model, prompts: list[str], seeds: list[int], shape, steps: int = 20, shift: float = 1.0,
+           noise_level: float | None = None, effective_steps: int | None = None) -> torch.Tensor:
+    """Final sample [B, C, H, W] in [-1, 1] (clamped) without recording the trajectory.
+
+    noise_level None = deterministic Euler ODE (evaluation); a float = the rollout SDE with the same
+    (seed, k) draws as `sde_rollout`, so a seed explored here predicts that seed's rollout.
+    `effective_steps` < steps enables step caching: the model runs on that many evenly spread
+    steps and the other steps reuse the last velocity (the idea behind TeaCache), trading fidelity
+    for speed while keeping the seed -> sample mapping.
+    """
+    ts = timesteps(steps, shift)
+    compute = _cached_steps(steps, effective_steps)
+    text = model.encode(prompts)
+    x = noise(seeds, -1, shape, _device(model))
+    v = None
+    for k in range(steps):
+        if k in compute:
+            t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
+            v = model.velocity(x, t, text)
+        if noise_level is None:
+            x = x + v * float(ts[k + 1] - ts[k])
+        else:
+            z = noise(seeds, k, tuple(x.shape[1:]), x.device).to(x.dtype)
+            x = sde_mean(v, x, ts, k, noise_level) + sde_std(ts, k, noise_level) * z
+    return x.clamp(-1, 1)
+
+
+def _cached_steps(steps: int, effective: int | None) -> set[int]:
+    if effective is None or effective >= steps:
+        return set(range(steps))
+    if effective < 1:
+        raise ConfigError(f"effective_steps must be >= 1, got {effective}")
+    return {round(i * steps / effective) for i in range(effective)}
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device

@@ -1,0 +1,179 @@
+"""Recipes: a run's whole configuration, loaded from a TOML file a user copies and edits.
+
+A recipe is a set of sections, each the small config dataclass of the component it configures
+(`[model]` → ModelConfig, `[sampler]` → SamplerConfig, `[grpo]` → GRPOConfig, ...), plus
+command-line overrides `section.field=value`. Unknown sections or fields and impossible values
+raise one ConfigError naming the field (and, for files, the path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from spotlight.errors import ConfigError, NotFound
+from spotlight.models.dit import ModelConfig
+from spotlight.policy.grpo import GRPOConfig
+from spotlight.policy.sampler import SamplerConfig
+from spotlight.policy.seeds import ExploreConfig
+
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """What a run does: prompts, batch shape, how long, how it is evaluated and where it writes."""
+
+    name: str = "run"
+    seed: int = 0
+    iterations: int = 40
+    minutes: float | None = None
+    """Optional wall-clock budget; the run stops after the iteration that crosses it."""
+    prompts: str = "demo"
+    """Prompt set: 'demo', 'counting', 'all' (spotlight.data.prompts)."""
+    prompts_per_iteration: int = 8
+    group_size: int = 8
+    """G: rollouts per prompt; must be even when exploration selects seeds."""
+    reward: str = "compositional"
+    eval_every: int = 5
+    eval_seeds: int = 3
+    """Evaluation repeats with disjoint seed sets; the report gives mean and spread over them."""
+    eval_samples: int = 8
+    """Samples per prompt per evaluation seed set."""
+    eval_mode: str = "ode"
+    """'ode' (deterministic sampler) or 'sde' (the rollout sampler)."""
+    out_dir: str = "runs"
+    checkpoint_every: int = 10
+    mode: str = "in-process"
+    """'in-process' (the reference loop) or 'runtime' (actors in local processes)."""
+    spot_workers: int = 2
+    reserved_workers: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("iterations", "prompts_per_iteration", "group_size", "eval_every", "eval_seeds",
+                     "eval_samples", "checkpoint_every", "reserved_workers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ConfigError(f"run.group_size must be >= 2 (GRPO needs a group), got {self.group_size}")
+        if self.spot_workers < 0:
+            raise ConfigError(f"run.spot_workers must be >= 0, got {self.spot_workers}")
+        if self.minutes is not None and self.minutes <= 0:
+            raise ConfigError(f"run.minutes must be > 0, got {self.minutes}")
+        if self.eval_mode not in ("ode", "sde"):
+            raise ConfigError(f"run.eval_mode must be 'ode' or 'sde', got {self.eval_mode!r}")
+        if self.mode not in ("in-process", "runtime"):
+            raise ConfigError(f"run.mode must be 'in-process' or 'runtime', got {self.mode!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class Recipe:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    explore: ExploreConfig = field(default_factory=ExploreConfig)
+
+    def __post_init__(self) -> None:
+        if self.explore.enabled:
+            if self.run.group_size % 2:
+                raise ConfigError(f"run.group_size must be even when explore.enabled, got {self.run.group_size}")
+            if self.explore.candidates < self.run.group_size:
+                raise ConfigError(f"explore.candidates ({self.explore.candidates}) must be >= run.group_size "
+                                  f"({self.run.group_size})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Recipe)}
+
+
+def load_recipe(source: str | Path | dict | None = None, overrides: list[str] | None = None) -> Recipe:
+    """A validated Recipe from a TOML path, a built-in recipe name, a dict, or None (defaults)."""
+    data: dict[str, Any]
+    where = "recipe"
+    if source is None:
+        data = {}
+    elif isinstance(source, dict):
+        data = {k: dict(v) for k, v in source.items()}
+    else:
+        path = _find(source)
+        where = str(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot:
+            raise ConfigError(f"override {item!r}: expected section.field=value")
+        data.setdefault(section, {})[name] = _parse_value(raw.strip())
+    try:
+        return _build(data)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _find(source: str | Path) -> Path:
+    path = Path(source)
+    if path.is_file():
+        return path
+    builtin = RECIPES_DIR / f"{source}.toml"
+    if builtin.is_file():
+        return builtin
+    raise NotFound(f"recipe {source}: no such file (built-in recipes: "
+                   f"{', '.join(p.stem for p in sorted(RECIPES_DIR.glob('*.toml')))})")
+
+
+def _parse_value(raw: str) -> Any:
+    if raw.lower() in ("none", "null"):  # TOML has no null; optional fields take these words
+        return None
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw  # a bare word: take it as a string
+
+
+def _build(data: dict[str, Any]) -> Recipe:
+    sections = {}
+    for name, values in data.items():
+        if name not in SECTIONS:
+            raise ConfigError(f"unknown section [{name}]; known: {', '.join(SECTIONS)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"[{name}] must be a table")
+        sections[name] = _section(name, SECTIONS[name], values)
+    return Recipe(**sections)
+
+
+def _section(name: str, cls, values: dict[str, Any]):
+    cls = get_type_hints(Recipe)[name]
+    hints = get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"unknown field {name}.{key}; known: {', '.join(sorted(known))}")
+        _check_type(f"{name}.{key}", value, hints[key])
+    return cls(**values)
+
+
+def _check_type(field_name: str, value: Any, hint) -> None:
+    import types
+    import typing
+
+    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
+    for t in allowed:
+        if t is type(None) and value is None:
+            return
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return
+        if t in (str, bool) and isinstance(value, t):
+            return
+    names = " or ".join(getattr(t, "__name__", str(t)) for t in allowed)
+    raise ConfigError(f"{field_name} must be {names}, got {value!r}")

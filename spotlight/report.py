@@ -1,0 +1,74 @@
+"""What a run leaves behind: metrics JSONL, sample-grid PNGs and the reward plot.
+
+Only writes files; knows nothing of how the numbers were produced.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+class MetricsLog:
+    """Append-only JSONL of one dict per event (iteration, evaluation)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def truncate_after(self, iteration: int) -> None:
+        """Drop records past `iteration` (a resumed run rewrites them)."""
+        keep = [r for r in self.read() if r.get("iteration", -1) <= iteration]
+        self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
+
+
+def save_grid(images: np.ndarray, path: Path, columns: int, scale: int = 4) -> None:
+    """uint8 images [N, H, W, 3] tiled `columns` wide with a 1-px grey gutter, upscaled."""
+    n, h, w, _ = images.shape
+    rows = -(-n // columns)
+    grid = np.full((rows * (h + 1) + 1, columns * (w + 1) + 1, 3), 64, dtype=np.uint8)
+    for i, img in enumerate(images):
+        r, c = divmod(i, columns)
+        grid[1 + r * (h + 1): 1 + r * (h + 1) + h, 1 + c * (w + 1): 1 + c * (w + 1) + w] = img
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(grid).resize((grid.shape[1] * scale, grid.shape[0] * scale), Image.NEAREST).save(path)
+
+
+def plot_rewards(records: list[dict], path: Path) -> None:
+    """Held-out reward (mean ± spread over eval seeds) and train reward vs iteration and wall time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in records if r.get("event") == "iteration"]
+    evals = [r for r in records if r.get("event") == "eval"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    for ax, key, label in ((axes[0], "iteration", "iteration"), (axes[1], "wall_s", "wall time (s)")):
+        if train:
+            ax.plot([r[key] for r in train], [r["reward_mean"] for r in train], lw=1, alpha=0.6, label="rollout reward")
+        if evals:
+            x = np.array([r[key] for r in evals])
+            m = np.array([r["eval_reward"] for r in evals])
+            s = np.array([r["eval_reward_std"] for r in evals])
+            ax.plot(x, m, "o-", lw=2, label="held-out reward")
+            ax.fill_between(x, m - s, m + s, alpha=0.25)
+        ax.set_xlabel(label)
+        ax.set_ylabel("compositional reward")
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower right")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
