@@ -165,4 +165,4 @@ class GRPOTrainer:
             stats["loss"].append(loss.item())
             stats["ratio_dev"].append((ratio.detach() - 1).abs().max().item())
             stats["clip_frac"].append(((ratio.detach() - 1).abs() > cfg.clip_range).float().mean().item())
-            stats["kl"].append(float(kl))
+            stats["kl"].append(float(kl.detach()))

@@ -5,7 +5,7 @@ prompt states — colour present, count per colour, shape, relative position —
 analysis: nearest-palette colour masks and connected components. Score = mean of the constraint
 scores, each in [0, 1], with partial credit (a count off by one of three earns 2/3, shapes are the
 fraction of objects with the right outline, and "only the stated colours" is the fraction of
-coloured pixels that are of a stated colour). Partial credit matters for RL: a reward with few
+object pixels that are of a stated colour). Partial credit matters for RL: a reward with few
 levels leaves many GRPO groups with zero variance, and those teach nothing.
 
 Knows nothing of models or training: images in, scores out.
@@ -71,8 +71,8 @@ def analyse(image: np.ndarray, max_distance: float = 110.0, min_area: int | None
         for j, sl in enumerate(ndimage.find_objects(comps), start=1):
             comp = comps[sl] == j
             area = int(comp.sum())
-            if area < min_area:
-                continue
+            if area < min_area or area > image.shape[0] * image.shape[1] * 0.35:
+                continue  # a speck, or a wash of colour over the canvas: not an object
             ys, xs = np.nonzero(comp)
             box = comp.shape[0] * comp.shape[1]
             blobs.append(Blob(color, area, ys.mean() + sl[0].start, xs.mean() + sl[1].start, area / box))
@@ -92,8 +92,8 @@ def score_scene(scene: Scene, a: Analysis) -> tuple[float, dict[str, float]]:
     if scene.relation is not None:
         first, second = (a.of(g.color) for g in scene.groups)
         parts["relation"] = float(bool(first and second) and _holds(scene.relation, first[0], second[0]))
-    stated = sum(a.colored_pixels[g.color] for g in scene.groups)
-    total = sum(a.colored_pixels.values())
+    stated = sum(b.area for b in a.blobs if b.color in {g.color for g in scene.groups})
+    total = sum(b.area for b in a.blobs)
     parts["only-stated-colours"] = stated / total if total else 0.0
     return float(np.mean(list(parts.values()))), parts
 

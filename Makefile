@@ -1,0 +1,20 @@
+# The two commands: `make demo` (set up, then run the demo) and `make test` (set up, then test).
+.PHONY: setup demo test test-fast bench clean
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/spotlight run tiny
+
+test: setup
+	.venv/bin/python -m pytest -q
+
+test-fast: setup
+	.venv/bin/python -m pytest -q -m "not slow"
+
+bench: setup
+	.venv/bin/python bench/seed_selection.py
+
+clean:
+	rm -rf runs .pytest_cache

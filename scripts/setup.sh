@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv and install Spotlight with its test tools: bash scripts/setup.sh
+# Installs a CPU torch first when no CUDA device is present, so the package's plain `torch`
+# range is already satisfied and pip never pulls a multi-GB CUDA build onto a CPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+if ! python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    pip install -q "torch>=2.4"
+  else
+    pip install -q "torch==${SPOTLIGHT_CPU_TORCH:-2.13.0}"
+  fi
+fi
+pip install -q -e ".[dev]"
+python -c "import torch, diffusers, zmq, msgpack; print('spotlight setup ok: torch', torch.__version__, '| diffusers', diffusers.__version__, '| cuda', torch.cuda.is_available())"

@@ -1,0 +1,101 @@
+"""GRPO update: advantages, ratio exactly 1 at the first inner step, full and LoRA both learn."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spotlight.errors import ConfigError
+from spotlight.loop import RolloutJob, make_group
+from spotlight.policy import sampler as S
+from spotlight.policy.grpo import GRPOConfig, GRPOTrainer, advantages
+from spotlight.policy.seeds import ExploreConfig, candidate_seeds, select_contrast
+
+SHAPE = (3, 16, 16)
+PROMPTS = ["two red circles", "a green square above a yellow circle"]
+
+
+def rollout_groups(model, cfg, seeds_per_prompt=4):
+    """Groups with a reward the model can learn: brightness of the final image."""
+    groups = []
+    for i, p in enumerate(PROMPTS):
+        seeds = candidate_seeds(0, 0, i, seeds_per_prompt)
+        st = S.sde_rollout(model, [p] * len(seeds), seeds, cfg, SHAPE)
+        rewards = st.latents[-1].mean((1, 2, 3)).numpy()
+        groups.append(make_group(RolloutJob(p, seeds), st.latents, st.log_probs, rewards))
+    return groups
+
+
+def surrogate(trainer, groups):
+    """The clipped surrogate on fixed data, without stepping (what the update minimises)."""
+    steps = list(range(trainer.sampler.steps))
+    total = 0.0
+    with torch.no_grad():
+        for g in groups:
+            adv = advantages(g.rewards)
+            text = trainer.model.encode([g.prompt] * len(g.seeds))
+            for k in steps:
+                lp, _, _ = S.step_log_prob(trainer.model, g.latents[:, k], g.latents[:, k + 1], k, text, trainer.sampler)
+                ratio = torch.exp(lp - g.log_probs[:, k])
+                total += torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2)).mean().item()
+    return total / (len(groups) * len(steps))
+
+
+def test_advantages_are_group_normalised():
+    a = advantages(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert abs(float(a.mean())) < 1e-6 and abs(float(a.std(unbiased=False)) - 1) < 1e-3
+    assert torch.equal(advantages(torch.tensor([0.5, 0.5, 0.5])), torch.zeros(3))
+
+
+def test_ratio_is_exactly_one_at_first_inner_step(tiny_model):
+    cfg = S.SamplerConfig(steps=3)
+    trainer = GRPOTrainer(tiny_model, GRPOConfig(timestep_fraction=1.0), cfg)
+    groups = rollout_groups(tiny_model, cfg)
+    stats = trainer.update(groups)
+    assert stats["ratio_dev"] == 0.0  # max |ρ − 1| over every sample and step of the first inner step
+    assert stats["groups_trained"] == 2
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_updates_reduce_the_loss(tiny_model, finetune):
+    cfg = S.SamplerConfig(steps=3)
+    trainer = GRPOTrainer(tiny_model, GRPOConfig(finetune=finetune, lr=2e-2 if finetune == "lora" else 3e-3,
+                                                 timestep_fraction=1.0, clip_range=0.2, beta=0.01), cfg)
+    groups = rollout_groups(tiny_model, cfg)
+    before = surrogate(trainer, groups)
+    for _ in range(8):
+        trainer.update(groups)
+    after = surrogate(trainer, groups)
+    assert before == pytest.approx(0.0, abs=1e-6)  # ratio 1 and zero-mean advantages
+    assert after < before - 0.01, (before, after)
+    if finetune == "lora":
+        trained = [n for n, p in tiny_model.named_parameters() if p.requires_grad]
+        assert trained and all("lora" in n for n in trained)
+
+
+def test_kl_is_zero_at_reference_and_positive_after_training(tiny_model):
+    cfg = S.SamplerConfig(steps=2)
+    trainer = GRPOTrainer(tiny_model, GRPOConfig(beta=0.1, lr=1e-3, timestep_fraction=1.0), cfg)
+    groups = rollout_groups(tiny_model, cfg)
+    assert trainer.update(groups)["kl"] == 0.0
+    assert trainer.update(groups)["kl"] > 0.0
+
+
+def test_seed_selection_keeps_extremes():
+    seeds = [10, 11, 12, 13, 14, 15]
+    rewards = np.array([0.5, 0.9, 0.1, 0.7, 0.2, 0.95])
+    assert select_contrast(seeds, rewards, 4) == [15, 11, 14, 12]  # two highest, then two lowest
+    with pytest.raises(ConfigError, match="even"):
+        select_contrast(seeds, rewards, 3)
+    assert len(set(candidate_seeds(0, 1, 2, 64))) == 64
+    assert candidate_seeds(0, 1, 2, 4) == candidate_seeds(0, 1, 2, 4) != candidate_seeds(0, 2, 2, 4)
+
+
+def test_configs_reject_impossible_values():
+    with pytest.raises(ConfigError, match="grpo.finetune"):
+        GRPOConfig(finetune="qlora")
+    with pytest.raises(ConfigError, match="grpo.lr"):
+        GRPOConfig(lr=0)
+    with pytest.raises(ConfigError, match="explore.candidates"):
+        ExploreConfig(candidates=1)
