@@ -139,8 +139,9 @@ def main() -> None:
 
     base = bench_core(args.n * args.batch // 4)
     rows = [("-", "in-process core (baseline)", base, None, None)]
-    for bind in (f"ipc://{tempfile.mkdtemp(prefix='spl')}/bench.ipc", "tcp://127.0.0.1:0"):
-        rows += asyncio.run(bench_transport(bind, args))
+    with tempfile.TemporaryDirectory(prefix="spl") as tmp:
+        for bind in (f"ipc://{tmp}/bench.ipc", "tcp://127.0.0.1:0"):
+            rows += asyncio.run(bench_transport(bind, args))
 
     print(f"control plane: queue service in a subprocess; goal >= {GOAL_LC_PER_S:,} "
           f"lease+complete/s and p50 pull <= {GOAL_P50_MS} ms; baseline = in-process core")

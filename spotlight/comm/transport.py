@@ -34,6 +34,7 @@ import itertools
 import logging
 import struct
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -142,6 +143,8 @@ class RpcServer:
         finally:
             _close_socket(self._sock)
             self._stop_auth()
+            if self.endpoint.startswith("ipc://"):  # libzmq leaves the socket file behind
+                Path(self.endpoint[len("ipc://"):]).unlink(missing_ok=True)
 
     def _stop_auth(self) -> None:
         if self._auth is not None:

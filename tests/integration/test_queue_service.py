@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -25,9 +25,8 @@ def req(rid: str, kind: str = "rollout", iteration: int = 0) -> dict:
 
 
 @pytest.fixture(params=["ipc", "tcp"])
-async def queue_proc(request: pytest.FixtureRequest) -> AsyncIterator[tuple]:
-    bind = ("tcp://127.0.0.1:0" if request.param == "tcp"
-            else f"ipc://{tempfile.mkdtemp(prefix='spl')}/queue.ipc")
+async def queue_proc(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple]:
+    bind = "tcp://127.0.0.1:0" if request.param == "tcp" else f"ipc://{tmp_path}/queue.ipc"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "spotlight.actors.queue", "--bind", bind, "--lease-s", str(LEASE_S),
         "--max-attempts", "2", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

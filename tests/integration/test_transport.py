@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import msgpack
@@ -44,10 +43,8 @@ def handlers() -> dict:
 
 
 @pytest.fixture(params=["ipc", "tcp"])
-def bind(request: pytest.FixtureRequest) -> str:
-    if request.param == "tcp":
-        return "tcp://127.0.0.1:0"
-    return f"ipc://{tempfile.mkdtemp(prefix='spl')}/rpc.ipc"
+def bind(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return "tcp://127.0.0.1:0" if request.param == "tcp" else f"ipc://{tmp_path}/rpc.ipc"
 
 
 async def raw_exchange(sock: zmq.asyncio.Socket, frames: list[bytes]) -> m.Message:
@@ -99,8 +96,8 @@ async def test_server_survives_bad_frames_and_keeps_serving(bind: str) -> None:
         assert server.stats["protocol_errors"] == len(bad) + 2  # + empty body + Ok call
 
 
-async def test_call_to_nobody_times_out() -> None:
-    endpoint = f"ipc://{tempfile.mkdtemp(prefix='spl')}/nobody.ipc"
+async def test_call_to_nobody_times_out(tmp_path: Path) -> None:
+    endpoint = f"ipc://{tmp_path}/nobody.ipc"
     async with RpcClient(endpoint, timeout=0.2) as client:
         with pytest.raises(ActorTimeout, match="no reply within 0.2s"):
             await client.call(m.Get(key="k"))
