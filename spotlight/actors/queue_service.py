@@ -166,15 +166,15 @@ class QueueClient:
     async def submit(self, requests: list[dict[str, Any]]) -> None:
         await self._rpc(m.Submit(requests=requests))
 
-    async def pull(self, worker_id: str, kinds: list[str] = list(KINDS),
+    async def pull(self, worker_id: str, kinds: tuple[str, ...] | list[str] = KINDS,
                    max_wait_s: float = 0.0) -> m.LeaseGrant | None:
-        reply = await self._rpc(m.Pull(worker_id=worker_id, kinds=kinds, max_wait_s=max_wait_s),
+        reply = await self._rpc(m.Pull(worker_id=worker_id, kinds=list(kinds), max_wait_s=max_wait_s),
                                 max_wait_s)
         return reply if isinstance(reply, m.LeaseGrant) else None
 
-    async def pull_many(self, worker_id: str, max_n: int, kinds: list[str] = list(KINDS),
+    async def pull_many(self, worker_id: str, max_n: int, kinds: tuple[str, ...] | list[str] = KINDS,
                         max_wait_s: float = 0.0) -> list[m.LeaseGrant]:
-        reply = await self._rpc(m.PullMany(worker_id=worker_id, kinds=kinds, max_n=max_n,
+        reply = await self._rpc(m.PullMany(worker_id=worker_id, kinds=list(kinds), max_n=max_n,
                                            max_wait_s=max_wait_s), max_wait_s)
         return reply.leases
 
