@@ -448,3 +448,80 @@ class ShmTensors(Message):
     tensors: dict[str, Tensor]
     refs: dict[str, dict[str, Any]]
     meta: dict[str, Any]
+
+
+# --- controller and node agents (spotlight.actors.controller, spotlight.actors.node_agent) --------
+@register("c.register")
+@dataclass(kw_only=True, slots=True)
+class Register(Message):
+    """A node agent announces itself; replied with Registered. ``kind``: "reserved" | "spot"."""
+
+    node_id: str
+    kind: Literal["reserved", "spot"]
+    workers: int
+
+
+@register("c.registered")
+@dataclass(kw_only=True, slots=True)
+class Registered(Message):
+    """Everything a node needs besides the controller address: where the queue and the tensor
+    store are, the lease length to heartbeat by, and the run's recipe (``Recipe.to_dict()``)."""
+
+    node_id: str
+    queue: str
+    store: str
+    lease_s: float
+    recipe: dict[str, Any]
+
+
+@register("c.deregister")
+@dataclass(kw_only=True, slots=True)
+class Deregister(Message):
+    """A node agent is leaving (spot notice or shutdown). Replied with Ok."""
+
+    node_id: str
+    reason: str
+
+
+# --- node agent <-> its GPU workers (ipc on one node) ------------------------------------------------
+@register("w.run")
+@dataclass(kw_only=True, slots=True)
+class WorkerRun(Message):
+    """Run one leased request to the end; replied with WorkerResult, or ErrorReply("Preempted")
+    when a WorkerStop interrupted it at a step boundary (its commits flushed)."""
+
+    lease: LeaseGrant
+
+
+@register("w.result")
+@dataclass(kw_only=True, slots=True)
+class WorkerResult(Message):
+    """``result`` is what the agent passes to the queue's Complete."""
+
+    request_id: str
+    attempt: int
+    result: dict[str, Any]
+
+
+@register("w.status")
+@dataclass(kw_only=True, slots=True)
+class WorkerStatus(Message):
+    """What is the worker doing? Replied with WorkerProgress."""
+
+
+@register("w.progress")
+@dataclass(kw_only=True, slots=True)
+class WorkerProgress(Message):
+    """``request_id`` None when idle; ``committed_step`` the last step handed to the store."""
+
+    request_id: str | None
+    attempt: int
+    committed_step: int | None
+    version: int | None
+
+
+@register("w.stop")
+@dataclass(kw_only=True, slots=True)
+class WorkerStop(Message):
+    """Spot notice: finish the current step, flush commits, stop. Replied with WorkerProgress
+    once the running request (if any) has stopped and its commits reached the store."""

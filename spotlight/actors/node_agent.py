@@ -1,0 +1,391 @@
+"""The node agent: the per-node persistent scheduler that outlives its GPU workers.
+
+- ``NodeAgent``: registers with the controller (whose reply names the queue, the tensor store,
+  the lease length and the recipe, so a spot node needs only ``--controller``), starts one worker
+  process per device (``python -m spotlight.actors.worker``, over ipc), and runs the node's pull
+  loop: one long-poll pull per idle worker, the lease handed to that worker, heartbeats (with the
+  worker's committed step) forwarded while it runs, the result completed on the queue.
+  A worker whose process exits mid-request has its lease released at once, so the request
+  resumes elsewhere from its last commit, and the worker is restarted.
+- A spot notice (SIGTERM, or a polled metadata URL in the AWS ``spot/instance-action`` or GCP
+  ``instance/preempted`` form) makes the agent leave: every busy worker finishes its current step
+  and flushes its commit, every lease is released, workers are stopped, the agent exits — within
+  ``AgentConfig.leave_s``. SIGINT is the same clean exit.
+- ``main``: the process shell (``python -m spotlight.actors.node_agent`` / ``spotlight agent``).
+
+Every task is owned by a TaskGroup, every remote await has a timeout, and workers die with the
+agent (PR_SET_PDEATHSIG) even if it is SIGKILLed.
+
+This module knows leases, processes and notices; it knows nothing of models or tensors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from spotlight.actors.queue_service import QueueClient
+from spotlight.comm import messages as m
+from spotlight.comm.transport import RpcClient
+from spotlight.errors import ActorTimeout, Preempted, SpotlightError, StaleAttempt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class AgentConfig:
+    controller: str
+    """Controller endpoint (tcp://HOST:PORT or ipc://PATH)."""
+    workers: int = 1
+    """Worker processes to run (one per GPU; on CPU, as configured)."""
+    kind: str = "spot"
+    """'reserved' or 'spot' (reported to the controller)."""
+    node_id: str = ""
+    """Defaults to hostname-pid."""
+    metadata_url: str | None = None
+    """Spot-notice URL to poll (AWS .../spot/instance-action or GCP .../instance/preempted)."""
+    metadata_poll_s: float = 2.0
+    pull_wait_s: float = 0.5
+    """Long-poll length; also bounds how long a leaving agent waits for its pulls to return."""
+    leave_s: float = 2.0
+    """Budget from notice to exit."""
+    run_timeout_s: float = 3600.0
+    """Longest one request may run on a worker before it is considered hung."""
+    rpc_timeout_s: float = 10.0
+    worker_start_s: float = 120.0
+    keys: str | None = None
+    """Folder with this node's `node.key_secret` and the controller's `controller.key` (CURVE)."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"AgentConfig.workers must be >= 1, got {self.workers}")
+        if self.kind not in ("reserved", "spot"):
+            raise ValueError(f"AgentConfig.kind must be 'reserved' or 'spot', got {self.kind!r}")
+        for name in ("metadata_poll_s", "pull_wait_s", "leave_s", "run_timeout_s", "rpc_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"AgentConfig.{name} must be > 0, got {getattr(self, name)}")
+        self.node_id = self.node_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def spot_notice(url: str, timeout: float = 1.0) -> str | None:
+    """Poll a metadata endpoint once; the notice text, or None. AWS: 200 + JSON body is a
+    notice, 404 is none. GCP: body "TRUE" is a notice ("FALSE" none). Unreachable = none."""
+    req = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})  # GCP requires it
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read(4096).decode(errors="replace").strip()
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            log.warning("metadata %s: HTTP %d", url, e.code)
+        return None
+    except (urllib.error.URLError, OSError) as e:
+        log.debug("metadata %s unreachable: %s", url, e)
+        return None
+    if body.upper() == "TRUE":
+        return "gcp preempted"
+    if body.startswith("{"):
+        try:
+            return f"aws {json.loads(body).get('action', 'notice')}"
+        except ValueError:
+            return None
+    return None
+
+
+class WorkerHandle:
+    """One worker process and the ipc client that drives it."""
+
+    def __init__(self, index: int, node_id: str, sock_dir: str) -> None:
+        self.index, self.worker_id = index, f"{node_id}/w{index}"
+        self.endpoint = f"ipc://{sock_dir}/w{index}.sock"
+        self.proc: asyncio.subprocess.Process | None = None
+        self.rpc: RpcClient | None = None
+        self.restarts = -1
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def start(self, store: str, recipe: dict, timeout: float, rpc_timeout: float) -> None:
+        self.restarts += 1
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "spotlight.actors.worker", "--bind", self.endpoint, "--store", store,
+            "--recipe-json", json.dumps(recipe), stdout=asyncio.subprocess.PIPE, env=env,
+            start_new_session=True)  # a terminal's Ctrl-C reaches the agent only; it stops workers
+        try:
+            async with asyncio.timeout(timeout):
+                line = await self.proc.stdout.readline()
+        except TimeoutError:
+            await self.stop(0.0)
+            raise ActorTimeout(f"worker {self.worker_id} not ready within {timeout}s") from None
+        if not line.startswith(b"ready "):
+            await self.stop(0.0)
+            raise SpotlightError(f"worker {self.worker_id} failed to start (exit {self.proc.returncode})")
+        self.rpc = RpcClient(self.endpoint, timeout=rpc_timeout)
+        await self.rpc.__aenter__()
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM (the worker finishes its step and flushes), SIGKILL after ``grace_s``."""
+        if self.rpc is not None:
+            await self.rpc.close()
+            self.rpc = None
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
+            try:
+                async with asyncio.timeout(grace_s if grace_s > 0 else 5.0):
+                    await self.proc.wait()
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+class NodeAgent:
+    """Use as ``await NodeAgent(config).run(notice)``: serves until ``notice`` is set (or a
+    metadata notice arrives), then leaves cleanly."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.leaving = asyncio.Event()
+        self.workers: list[WorkerHandle] = []
+        self.busy: dict[str, m.LeaseGrant] = {}  # worker_id -> the lease it runs
+        self._released: set[tuple[str, int]] = set()
+        self.queue: QueueClient | None = None
+        self.stats = {"completed": 0, "failed": 0, "released": 0, "worker_deaths": 0, "stale": 0}
+
+    # --- lifetime ------------------------------------------------------------------------------
+    async def run(self, notice: asyncio.Event) -> None:
+        c = self.config
+        sock_dir = tempfile.mkdtemp(prefix="spl-agent-")
+        try:
+            async with RpcClient(c.controller, timeout=c.rpc_timeout_s, curve=self._curve()) as ctl:
+                reg = await ctl.call(m.Register(node_id=c.node_id, kind=c.kind, workers=c.workers))
+                self.lease_s, self.store, self.recipe = reg.lease_s, reg.store, reg.recipe
+                async with RpcClient(reg.queue, timeout=c.rpc_timeout_s) as qrpc:
+                    self.queue = QueueClient.remote(qrpc)
+                    self.workers = [WorkerHandle(i, c.node_id, sock_dir) for i in range(c.workers)]
+                    try:
+                        async with asyncio.TaskGroup() as tg:
+                            for h in self.workers:
+                                tg.create_task(self._start(h))
+                        print(f"agent ready {c.node_id} workers={c.workers}", flush=True)
+                        await self._serve(notice)
+                    finally:
+                        await self._stop_workers()
+                try:
+                    await ctl.call(m.Deregister(node_id=c.node_id, reason="leaving"), timeout=0.3)
+                except SpotlightError as e:
+                    log.info("deregister: %s", e)
+        finally:
+            shutil.rmtree(sock_dir, ignore_errors=True)
+
+    async def _serve(self, notice: asyncio.Event) -> None:
+        c = self.config
+        async with asyncio.TaskGroup() as tg:
+            slots = [tg.create_task(self._slot(h), name=f"slot {h.worker_id}") for h in self.workers]
+            watch = tg.create_task(self._watch_metadata(notice)) if c.metadata_url else None
+            await notice.wait()
+            log.warning("node %s leaving: notice", c.node_id)
+            self.leaving.set()
+            if watch is not None:
+                watch.cancel()
+            await self._leave()
+            # Slots finish their pull (<= pull_wait_s) and release what it brought.
+            _, pending = await asyncio.wait(slots, timeout=c.pull_wait_s + c.rpc_timeout_s / 10)
+            for t in pending:
+                t.cancel()
+
+    async def _leave(self) -> None:
+        """Stop busy workers at a step boundary (their commits flushed), release every lease."""
+        budget = self.config.leave_s * 0.6
+
+        async def stop_one(h: WorkerHandle) -> None:
+            try:
+                if h.alive and h.rpc is not None:
+                    await h.rpc.call(m.WorkerStop(), timeout=budget)
+            except SpotlightError as e:
+                log.warning("%s did not stop cleanly: %s", h.worker_id, e)
+            lease = self.busy.get(h.worker_id)
+            if lease is not None:
+                await self._release(h, lease)
+
+        async with asyncio.TaskGroup() as tg:
+            for h in self.workers:
+                if h.worker_id in self.busy:
+                    tg.create_task(stop_one(h))
+
+    async def _stop_workers(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for h in self.workers:
+                tg.create_task(h.stop(grace_s=self.config.leave_s * 0.2))
+
+    async def _start(self, h: WorkerHandle) -> None:
+        c = self.config
+        await h.start(self.store, self.recipe, c.worker_start_s, c.rpc_timeout_s)
+
+    def _curve(self):
+        if not self.config.keys:
+            return None
+        from spotlight.comm.auth import client_keys
+
+        keys = Path(self.config.keys)
+        return client_keys(keys / "node.key_secret", keys / "controller.key")
+
+    # --- the pull loop -------------------------------------------------------------------------
+    async def _slot(self, h: WorkerHandle) -> None:
+        c, q = self.config, self.queue
+        assert q is not None
+        while not self.leaving.is_set():
+            if not h.alive:
+                await h.stop(0.0)
+                self.stats["worker_deaths"] += 1
+                log.warning("%s died (exit %s); restarting", h.worker_id, h.proc.returncode if h.proc else None)
+                await self._start(h)
+                continue
+            lease = await q.pull(h.worker_id, ["rollout", "explore"], max_wait_s=c.pull_wait_s)
+            if lease is None:
+                continue
+            if self.leaving.is_set():
+                await self._release(h, lease)
+                return
+            await self._run_lease(h, lease)
+
+    async def _run_lease(self, h: WorkerHandle, lease: m.LeaseGrant) -> None:
+        c, q = self.config, self.queue
+        assert q is not None and h.rpc is not None and h.proc is not None
+        self.busy[h.worker_id] = lease
+        try:
+            async with asyncio.TaskGroup() as tg:
+                run = tg.create_task(self._call_run(h, lease))
+                died = tg.create_task(h.proc.wait())
+                beat = tg.create_task(self._heartbeats(h, lease))
+                await asyncio.wait([run, died], return_when=asyncio.FIRST_COMPLETED)
+                beat.cancel()
+                if not run.done():  # the worker process exited mid-request
+                    run.cancel()
+                    log.warning("%s died running %s; releasing its lease", h.worker_id, lease.request_id)
+                    await self._release(h, lease)
+                    return
+                died.cancel()
+            outcome, value = run.result()
+            if outcome == "ok":
+                try:
+                    await q.complete(lease.request_id, lease.attempt, h.worker_id, value.result)
+                    self.stats["completed"] += 1
+                except StaleAttempt as e:  # fenced: another attempt owns it now
+                    self.stats["stale"] += 1
+                    log.info("%s", e)
+            elif outcome == "preempted":
+                await self._release(h, lease)
+            else:
+                self.stats["failed"] += 1
+                log.warning("%s failed %s: %s", h.worker_id, lease.request_id, value)
+                try:
+                    await q.fail(lease.request_id, lease.attempt, h.worker_id, f"{outcome}: {value}")
+                except StaleAttempt:
+                    self.stats["stale"] += 1
+                if outcome == "timeout":
+                    await h.stop(0.0)  # hung: the slot restarts it
+        finally:
+            self.busy.pop(h.worker_id, None)
+
+    async def _call_run(self, h: WorkerHandle, lease: m.LeaseGrant):
+        """The worker's answer as (outcome, value), so a failure is data for the slot to act on."""
+        try:
+            return "ok", await h.rpc.call(m.WorkerRun(lease=lease), timeout=self.config.run_timeout_s)
+        except Preempted as e:
+            return "preempted", e
+        except ActorTimeout as e:
+            return "timeout", e
+        except SpotlightError as e:
+            return "error", e
+
+    async def _heartbeats(self, h: WorkerHandle, lease: m.LeaseGrant) -> None:
+        q, every = self.queue, lease.lease_s / 3
+        assert q is not None and h.rpc is not None
+        while True:
+            await asyncio.sleep(every)
+            try:
+                progress = await h.rpc.call(m.WorkerStatus())
+                await q.heartbeat(lease.request_id, lease.attempt, h.worker_id, progress.committed_step)
+            except StaleAttempt as e:
+                self.stats["stale"] += 1
+                log.info("heartbeat fenced: %s", e)
+                return
+            except ActorTimeout as e:  # a slow step or a slow queue: try again next beat
+                log.warning("heartbeat for %s: %s", lease.request_id, e)
+
+    async def _release(self, h: WorkerHandle, lease: m.LeaseGrant) -> None:
+        key = (lease.request_id, lease.attempt)
+        if key in self._released:
+            return
+        self._released.add(key)
+        assert self.queue is not None
+        try:
+            await self.queue.release(lease.request_id, lease.attempt, h.worker_id)
+            self.stats["released"] += 1
+        except (StaleAttempt, ActorTimeout) as e:  # expired meanwhile: the queue re-queued it
+            log.info("release of %s: %s", lease.request_id, e)
+
+    async def _watch_metadata(self, notice: asyncio.Event) -> None:
+        c = self.config
+        assert c.metadata_url is not None
+        while True:
+            text = await asyncio.to_thread(spot_notice, c.metadata_url, min(1.0, c.metadata_poll_s))
+            if text is not None:
+                log.warning("spot notice from %s: %s", c.metadata_url, text)
+                notice.set()
+                return
+            await asyncio.sleep(c.metadata_poll_s)
+
+
+# --- process shell ---------------------------------------------------------------------------------
+async def serve(config: AgentConfig) -> None:
+    notice = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # SIGTERM is how clouds deliver a spot notice
+        loop.add_signal_handler(sig, notice.set)
+    await NodeAgent(config).run(notice)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m spotlight.actors.node_agent", description="Run a node agent.")
+    p.add_argument("--controller", required=True, help="tcp://HOST:PORT of the reserved side")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--kind", choices=["reserved", "spot"], default="spot")
+    p.add_argument("--node-id", default="")
+    p.add_argument("--metadata-url", default=None, help="spot-notice URL to poll (AWS or GCP form)")
+    p.add_argument("--metadata-poll-s", type=float, default=2.0)
+    p.add_argument("--keys", default=None, help="folder with node.key_secret and controller.key (CURVE)")
+    p.add_argument("--log-level", default="WARNING")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from spotlight.actors.worker import die_with_parent
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s agent %(name)s %(levelname)s %(message)s")
+    if os.environ.get("SPOTLIGHT_DIE_WITH_PARENT"):
+        die_with_parent()  # spawned by a LocalRuntime: never outlive it
+    config = AgentConfig(controller=args.controller, workers=args.workers, kind=args.kind, node_id=args.node_id,
+                         metadata_url=args.metadata_url, metadata_poll_s=args.metadata_poll_s, keys=args.keys)
+    asyncio.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""The GPU worker: holds the policy at one weights version and runs leased requests on it.
+
+- ``WorkerCore``: the logic. A rollout request (prompt, seeds, weights version) runs step by step
+  with ``sampler.sde_advance``; after EVERY step the state (latents so far [k+1, G, C, H, W],
+  log-probs so far [k, G], step, seeds, version) is handed to the store client's
+  ``commit_nowait``, whose flusher sends it while the next step computes. The tensor math runs on
+  one dedicated thread so the event loop stays free for commits, status and stop messages. A
+  re-delivered request (attempt > 1 or a resume reference) resumes from the store's newest
+  commit; the sampler's counter-based noise makes the result bit-identical to an uninterrupted
+  run. At the end it scores the sample, writes the trajectory (latents [G, K+1, C, H, W],
+  log_probs [G, K], rewards [G]) under ``traj/<request_id>`` and drops the commit. An exploration
+  request is one ``sampler.sample`` + reward; its rewards travel in the result.
+- ``serve`` / ``main``: the process shell (``python -m spotlight.actors.worker``): an ipc
+  ``RpcServer`` its node agent drives with WorkerRun / WorkerStatus / WorkerStop.
+
+Weights: a request names its version; the worker loads that version before the first step
+(straight into its parameters' memory) and never changes weights inside a request.
+
+This module knows the sampler, the model and the store; it knows nothing of queues or leases
+beyond the LeaseGrant it is handed (the agent talks to the queue).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import json
+import logging
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from spotlight.actors.store_client import TensorStoreClient
+from spotlight.comm import messages as m
+from spotlight.comm.transport import RpcServer
+from spotlight.errors import Preempted, ProtocolError
+from spotlight.recipe import Recipe, load_recipe
+
+log = logging.getLogger(__name__)
+
+
+def build_policy_model(recipe: Recipe):
+    """The trainer's model architecture (incl. a LoRA adapter under LoRA fine-tuning), so that
+    the trainer's ``state_dict`` loads into it key for key."""
+    from spotlight.data.scenes import VOCABULARY
+    from spotlight.models.dit import build_model
+    from spotlight.policy.grpo import LORA_TARGETS
+
+    model = build_model(recipe.model, VOCABULARY)
+    g = recipe.grpo
+    if g.finetune == "lora":
+        from peft import LoraConfig
+
+        model.dit.add_adapter(LoraConfig(r=g.lora_rank, lora_alpha=g.lora_alpha, init_lora_weights="gaussian",
+                                         target_modules=LORA_TARGETS))
+    return model.requires_grad_(False)
+
+
+def trajectory_key(request_id: str) -> str:
+    return f"traj/{request_id}"
+
+
+class WorkerCore:
+    """Runs one request at a time on its model; ``store`` is an open ``TensorStoreClient``."""
+
+    def __init__(self, recipe: Recipe, store: TensorStoreClient, model=None) -> None:
+        from spotlight.rewards.base import make_reward
+
+        self.recipe, self.store = recipe, store
+        self.model = model if model is not None else build_policy_model(recipe)
+        self.reward = make_reward(recipe.run.reward)
+        c = recipe.model
+        self.shape = (c.channels, c.image_size, c.image_size)
+        # numpy views on the parameters: get_weights(out=...) fills the model without a copy.
+        self._params = {k: v.detach().numpy() for k, v in self.model.state_dict().items()}
+        self.version: int | None = None
+        # One thread for all tensor math: torch state (no_grad, threads) stays on one thread.
+        self._compute_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-compute")
+        self.request_id: str | None = None
+        self.attempt = 0
+        self.committed_step: int | None = None
+        self._stop = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def close(self) -> None:
+        self._compute_pool.shutdown(wait=True)
+
+    async def _compute(self, fn, *args, **kw):
+        return await asyncio.get_running_loop().run_in_executor(self._compute_pool, lambda: fn(*args, **kw))
+
+    # --- weights -------------------------------------------------------------------------------
+    async def load_weights(self, version: int) -> None:
+        if self.version == version:
+            return
+        self.version = None  # half-loaded weights are no version at all
+        await self.store.get_weights(version, out=self._params)
+        self.version = version
+
+    # --- requests ------------------------------------------------------------------------------
+    def progress(self) -> m.WorkerProgress:
+        return m.WorkerProgress(request_id=self.request_id, attempt=self.attempt,
+                                committed_step=self.committed_step, version=self.version)
+
+    async def stop(self, timeout: float = 1.5) -> m.WorkerProgress:
+        """Spot notice: let the running step finish, flush its commit, stop; no new requests."""
+        self._stop = True
+        async with asyncio.timeout(timeout):
+            await self._idle.wait()
+            await self.store.flush()
+        return self.progress()
+
+    async def run(self, lease: m.LeaseGrant) -> dict[str, Any]:
+        if self._stop:
+            raise Preempted("worker is stopping")
+        if not self._idle.is_set():
+            raise ProtocolError(f"worker busy with {self.request_id}; one request at a time")
+        self._idle.clear()
+        self.request_id, self.attempt, self.committed_step = lease.request_id, lease.attempt, None
+        try:
+            await self.load_weights(int(lease.payload["version"]))
+            if lease.kind == "explore":
+                return await self._explore(lease.payload)
+            return await self._rollout(lease)
+        finally:
+            self.request_id = None
+            self._idle.set()
+
+    async def _explore(self, p: dict[str, Any]) -> dict[str, Any]:
+        from spotlight.policy.sampler import sample
+        from spotlight.rewards.base import to_uint8_images
+
+        s, seeds = self.recipe.sampler, list(p["seeds"])
+        prompts = [p["prompt"]] * len(seeds)
+
+        def work() -> np.ndarray:
+            x = sample(self.model, prompts, seeds, self.shape, s.steps, s.shift, noise_level=s.noise_level,
+                       effective_steps=p.get("effective_steps"))
+            return self.reward(to_uint8_images(x), prompts)
+
+        rewards = await self._compute(work)
+        return {"rewards": [float(r) for r in rewards]}
+
+    async def _rollout(self, lease: m.LeaseGrant) -> dict[str, Any]:
+        from spotlight.policy.sampler import sde_advance, start
+        from spotlight.rewards.base import to_uint8_images
+
+        p, cfg, rid = lease.payload, self.recipe.sampler, lease.request_id
+        seeds, prompts = list(p["seeds"]), [p["prompt"]] * len(p["seeds"])
+        meta = {"version": self.version, "seeds": seeds, "prompt": p["prompt"]}
+        state = await self._resume(lease, meta)
+        resumed_from = 0 if state is None else state.step
+        state = state or start(seeds, self.shape)
+        text = await self._compute(torch.no_grad()(self.model.encode), prompts)
+        while state.step < cfg.steps:
+            if self._stop:
+                await self.store.flush()
+                raise Preempted(f"{rid}: stopped after step {state.step} (committed)")
+            await self._compute(sde_advance, self.model, state, text, seeds, cfg)
+            # Stacked copies: commit_nowait owns them while the next step runs.
+            self.store.commit_nowait(rid, state.step, {"latents": torch.stack(state.latents),
+                                                       "log_probs": torch.stack(state.log_probs)},
+                                     meta, attempt=lease.attempt)
+            self.committed_step = state.step
+
+        def finish() -> dict[str, np.ndarray]:
+            rewards = self.reward(to_uint8_images(state.latents[-1].clamp(-1, 1)), prompts)
+            return {"latents": torch.stack(state.latents, 1).numpy(),
+                    "log_probs": torch.stack(state.log_probs, 1).numpy(),
+                    "rewards": np.asarray(rewards, dtype=np.float32)}
+
+        traj = await self._compute(finish)
+        key = trajectory_key(rid)
+        await self.store.put(key, traj, {**meta, "attempt": lease.attempt})
+        await self.store.flush()  # no late commit may land after the drop
+        await self.store.drop_commit(rid)
+        return {"key": key, "rewards": [float(r) for r in traj["rewards"]], "resumed_from": resumed_from}
+
+    async def _resume(self, lease: m.LeaseGrant, meta: dict[str, Any]):
+        """The state of the newest commit of this request, if it was made with these weights."""
+        from spotlight.policy.sampler import RolloutState
+
+        if lease.resume is None and lease.attempt <= 1:
+            return None  # first delivery: nothing can have been committed
+        held = await self.store.get_commit(lease.request_id)
+        if held is None:
+            return None
+        step, tensors, got = held
+        if got.get("version") != meta["version"] or list(got.get("seeds", [])) != meta["seeds"]:
+            log.warning("%s: commit at step %d is for version %s, not %s; starting over",
+                        lease.request_id, step, got.get("version"), meta["version"])
+            return None
+        lat = torch.from_numpy(np.array(tensors["latents"]))  # own, writable copies
+        lps = torch.from_numpy(np.array(tensors["log_probs"]))
+        self.committed_step = step
+        log.info("%s attempt %d resumes from step %d", lease.request_id, lease.attempt, step)
+        return RolloutState(x=lat[-1], step=step, latents=list(lat.unbind(0)), log_probs=list(lps.unbind(0)))
+
+
+# --- process shell ---------------------------------------------------------------------------------
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies, so a killed agent leaves no worker."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def worker_handlers(core: WorkerCore) -> dict[type[m.Message], Any]:
+    async def run(msg: m.WorkerRun) -> m.WorkerResult:
+        result = await core.run(msg.lease)
+        return m.WorkerResult(request_id=msg.lease.request_id, attempt=msg.lease.attempt, result=result)
+
+    return {m.WorkerRun: run, m.WorkerStatus: lambda msg: core.progress(),
+            m.WorkerStop: lambda msg: core.stop()}
+
+
+async def serve(bind: str, store: str, recipe: Recipe) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with TensorStoreClient.remote(store) as client:
+        core = WorkerCore(recipe, client)
+        try:
+            async with RpcServer(worker_handlers(core), bind=bind) as server:
+                print(f"ready {server.endpoint}", flush=True)  # the agent waits for this line
+                await stop.wait()
+                try:  # SIGTERM is a notice too: finish the step, flush, then leave
+                    await core.stop(timeout=1.5)
+                except TimeoutError:
+                    log.warning("worker stop: the running step did not finish in time")
+        finally:
+            core.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m spotlight.actors.worker", description="Serve a GPU worker.")
+    parser.add_argument("--bind", required=True, help="ipc:///path the node agent connects to")
+    parser.add_argument("--store", required=True, help="tensor store endpoint")
+    parser.add_argument("--recipe-json", required=True, help="the run's recipe as JSON (Recipe.to_dict())")
+    parser.add_argument("--log-level", default="WARNING")
+    args = parser.parse_args(argv)
+    die_with_parent()
+    torch.set_num_threads(1)  # one worker = one device; on CPU, one core's worth
+    logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve(args.bind, args.store, load_recipe(json.loads(args.recipe_json))))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
