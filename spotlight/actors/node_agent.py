@@ -122,7 +122,7 @@ class WorkerHandle:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "spotlight.actors.worker", "--bind", self.endpoint, "--store", store,
-            "--recipe-json", json.dumps(recipe), stdout=asyncio.subprocess.PIPE, env=env,
+            "--recipe-json", json.dumps(recipe), "--worker-id", self.worker_id, stdout=asyncio.subprocess.PIPE, env=env,
             start_new_session=True)  # a terminal's Ctrl-C reaches the agent only; it stops workers
         try:
             async with asyncio.timeout(timeout):
@@ -198,7 +198,7 @@ class NodeAgent:
             slots = [tg.create_task(self._slot(h), name=f"slot {h.worker_id}") for h in self.workers]
             watch = tg.create_task(self._watch_metadata(notice)) if c.metadata_url else None
             await notice.wait()
-            log.warning("node %s leaving: notice", c.node_id)
+            log.warning("node %s leaving (spot notice or shutdown signal)", c.node_id)
             self.leaving.set()
             if watch is not None:
                 watch.cancel()

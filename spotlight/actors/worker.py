@@ -27,6 +27,7 @@ import asyncio
 import ctypes
 import json
 import logging
+import os
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -68,10 +69,13 @@ def trajectory_key(request_id: str) -> str:
 class WorkerCore:
     """Runs one request at a time on its model; ``store`` is an open ``TensorStoreClient``."""
 
-    def __init__(self, recipe: Recipe, store: TensorStoreClient, model=None) -> None:
+    def __init__(self, recipe: Recipe, store: TensorStoreClient, model=None, *, worker_id: str = "worker",
+                 step_delay_s: float = 0.0) -> None:
         from spotlight.rewards.base import make_reward
 
-        self.recipe, self.store = recipe, store
+        self.recipe, self.store, self.worker_id = recipe, store, worker_id
+        # Fault injection only (a slow device): lets tests land a kill between two steps.
+        self.step_delay_s = step_delay_s
         self.model = model if model is not None else build_policy_model(recipe)
         self.reward = make_reward(recipe.run.reward)
         c = recipe.model
@@ -152,7 +156,7 @@ class WorkerCore:
 
         p, cfg, rid = lease.payload, self.recipe.sampler, lease.request_id
         seeds, prompts = list(p["seeds"]), [p["prompt"]] * len(p["seeds"])
-        meta = {"version": self.version, "seeds": seeds, "prompt": p["prompt"]}
+        meta = {"version": self.version, "seeds": seeds, "prompt": p["prompt"], "worker": self.worker_id}
         state = await self._resume(lease, meta)
         resumed_from = 0 if state is None else state.step
         state = state or start(seeds, self.shape)
@@ -167,6 +171,8 @@ class WorkerCore:
                                                        "log_probs": torch.stack(state.log_probs)},
                                      meta, attempt=lease.attempt)
             self.committed_step = state.step
+            if self.step_delay_s:
+                await asyncio.sleep(self.step_delay_s)
 
         def finish() -> dict[str, np.ndarray]:
             rewards = self.reward(to_uint8_images(state.latents[-1].clamp(-1, 1)), prompts)
@@ -220,13 +226,13 @@ def worker_handlers(core: WorkerCore) -> dict[type[m.Message], Any]:
             m.WorkerStop: lambda msg: core.stop()}
 
 
-async def serve(bind: str, store: str, recipe: Recipe) -> None:
+async def serve(bind: str, store: str, recipe: Recipe, worker_id: str, step_delay_s: float = 0.0) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with TensorStoreClient.remote(store) as client:
-        core = WorkerCore(recipe, client)
+        core = WorkerCore(recipe, client, worker_id=worker_id, step_delay_s=step_delay_s)
         try:
             async with RpcServer(worker_handlers(core), bind=bind) as server:
                 print(f"ready {server.endpoint}", flush=True)  # the agent waits for this line
@@ -244,12 +250,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bind", required=True, help="ipc:///path the node agent connects to")
     parser.add_argument("--store", required=True, help="tensor store endpoint")
     parser.add_argument("--recipe-json", required=True, help="the run's recipe as JSON (Recipe.to_dict())")
+    parser.add_argument("--worker-id", default="worker")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     die_with_parent()
+    delay = float(os.environ.get("SPOTLIGHT_WORKER_STEP_DELAY_S", "0"))  # fault injection (tests)
     torch.set_num_threads(1)  # one worker = one device; on CPU, one core's worth
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(args.bind, args.store, load_recipe(json.loads(args.recipe_json))))
+    asyncio.run(serve(args.bind, args.store, load_recipe(json.loads(args.recipe_json)), args.worker_id, delay))
 
 
 if __name__ == "__main__":
