@@ -1,0 +1,206 @@
+"""Preemption through the real runtime (processes over ipc): a SIGKILLed worker's request resumes
+elsewhere from its last commit, bit-identical; a SIGTERMed node agent commits, releases and exits
+within 2 s; a spot notice from a (fake, local) metadata endpoint does the same; nothing is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+import torch
+
+from spotlight.actors.node_agent import spot_notice
+from spotlight.actors.runtime import LocalRuntime, descendants
+from spotlight.actors.worker import build_policy_model
+from spotlight.policy.sampler import sde_rollout
+from spotlight.recipe import load_recipe
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+STEPS = 8
+TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16", "model.image_size=16",
+        "model.patch=4", f"sampler.steps={STEPS}", "run.group_size=4", "explore.candidates=4",
+        "run.reserved_workers=1", "run.spot_workers=1"]
+SEEDS = [11, 12, 13, 14]
+PROMPT = "a red circle"
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(cond, timeout: float, what: str, every: float = 0.01):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    # Fault injection: a slow device (50 ms after each step) so kills land mid-request.
+    os.environ["SPOTLIGHT_WORKER_STEP_DELAY_S"] = "0.05"
+    out = tmp_path_factory.mktemp("faults")
+    recipe = load_recipe("tiny", [*TINY, f'run.out_dir="{out}"'])
+    torch.manual_seed(0)
+    model = build_policy_model(recipe)
+    try:
+        with LocalRuntime(recipe) as rt:
+            rt.call(rt.store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()}))
+            rt.reference = sde_rollout(model, [PROMPT] * 4, SEEDS, recipe.sampler, (3, 16, 16))
+            yield rt
+            pids = rt.pids()
+    finally:
+        del os.environ["SPOTLIGHT_WORKER_STEP_DELAY_S"]
+    assert [p for p in pids if alive(p)] == []  # shutdown left nothing behind
+
+
+def submit(rt, iteration: int, ids: list[str]) -> None:
+    rt.call(rt.queue.submit([{"request_id": rid, "kind": "rollout", "iteration": iteration,
+                              "payload": {"prompt": PROMPT, "seeds": SEEDS, "version": 0}} for rid in ids]))
+
+
+def first_commit(rt, rid: str) -> dict:
+    """The commit's meta once the store holds one (the event we wait for)."""
+    held = wait_for(lambda: rt.call(rt.store.get_commit(rid)), 60, f"a commit of {rid}")
+    return held[2]
+
+
+def worker_pid(rt, worker_id: str) -> int:
+    kind = worker_id.split("/")[0].removeprefix("local-")
+    (pid,) = descendants(rt.agents[kind].pid)  # one worker per agent here
+    return pid
+
+
+def check_bit_identical(rt, result: dict) -> None:
+    traj, meta = rt.call(rt.store.get(result["key"]))
+    ref = rt.reference
+    assert torch.equal(torch.from_numpy(traj["latents"].copy()), torch.stack(ref.latents, 1))
+    assert torch.equal(torch.from_numpy(traj["log_probs"].copy()), torch.stack(ref.log_probs, 1))
+
+
+def test_sigkilled_worker_resumes_elsewhere_bit_identical(runtime):
+    rt = runtime
+    submit(rt, 100, ["kill/0"])
+    meta = first_commit(rt, "kill/0")
+    victim = worker_pid(rt, meta["worker"])
+    os.kill(victim, signal.SIGKILL)
+    done = rt.call(rt.queue.wait_iteration(100, 60), timeout=90)
+    (result,) = done.results
+    assert done.dead == [] and result["resumed_from"] >= 1  # picked up from a commit, not step 0
+    check_bit_identical(rt, result)
+    stats = rt.call(rt.queue.stats()).stats
+    assert stats["released"] >= 1 and stats["expired"] == 0  # released at once, not left to expire
+    # The agent restarts its worker: the node is whole again.
+    kind = meta["worker"].split("/")[0].removeprefix("local-")
+    wait_for(lambda: [p for p in descendants(rt.agents[kind].pid) if p != victim], 60, "a restarted worker", 0.1)
+
+
+class FakeMetadata(BaseHTTPRequestHandler):
+    notice: dict[str, bool] = {"aws": False, "gcp": False}
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        if self.path.endswith("/spot/instance-action"):
+            if not self.notice["aws"]:
+                self.send_error(404)
+                return
+            body = json.dumps({"action": "terminate", "time": "2026-01-01T00:00:00Z"}).encode()
+        elif self.path.endswith("/instance/preempted"):
+            body = b"TRUE" if self.notice["gcp"] else b"FALSE"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def metadata():
+    server = HTTPServer(("127.0.0.1", 0), FakeMetadata)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    FakeMetadata.notice.update(aws=False, gcp=False)
+    yield f"http://127.0.0.1:{server.server_port}", FakeMetadata.notice
+    server.shutdown()
+    thread.join(5)
+
+
+def test_spot_notice_forms(metadata):
+    url, notice = metadata
+    aws, gcp = f"{url}/latest/meta-data/spot/instance-action", f"{url}/computeMetadata/v1/instance/preempted"
+    assert spot_notice(aws) is None and spot_notice(gcp) is None
+    notice.update(aws=True, gcp=True)
+    assert spot_notice(aws) == "aws terminate" and spot_notice(gcp) == "gcp preempted"
+    assert spot_notice("http://127.0.0.1:9/unreachable", timeout=0.2) is None
+
+
+def test_metadata_notice_makes_agent_leave(runtime, metadata):
+    url, notice = metadata
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SPOTLIGHT_DIE_WITH_PARENT": "1"}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "spotlight.actors.node_agent", "--controller", runtime.controller.endpoint,
+         "--workers", "1", "--node-id", "meta-node", "--metadata-poll-s", "0.1",
+         "--metadata-url", f"{url}/latest/meta-data/spot/instance-action"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        assert agent.stdout.readline().startswith(b"agent ready meta-node")
+        workers = descendants(agent.pid)
+        assert len(workers) == 1 and "meta-node" in runtime.controller.core.nodes
+        t0 = time.monotonic()
+        notice["aws"] = True
+        assert agent.wait(5) == 0
+        assert time.monotonic() - t0 < 2.0 + 0.2  # 2 s budget + one poll period
+        assert not any(alive(p) for p in workers)
+        assert "meta-node" not in runtime.controller.core.nodes  # it deregistered
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        agent.stdout.close()
+
+
+def test_sigterm_agent_commits_releases_and_exits_within_2s(runtime):
+    rt = runtime
+    ids = ["term/0", "term/1"]
+    submit(rt, 101, ids)
+    # Both workers busy; the spot agent's request has a commit.
+    metas = wait_for(lambda: [m for m in (rt.call(rt.store.get_commit(r)) for r in ids) if m], 60, "commits")
+    spot = wait_for(lambda: [r for r in ids if (c := rt.call(rt.store.get_commit(r)))
+                             and c[2]["worker"].startswith("local-spot")], 60, "a commit from the spot node")
+    assert metas
+    agent = rt.agents["spot"]
+    workers = descendants(agent.pid)
+    released = rt.call(rt.queue.stats()).stats["released"]
+    t0 = time.monotonic()
+    agent.send_signal(signal.SIGTERM)
+    assert agent.wait(5) == 0
+    assert time.monotonic() - t0 < 2.0
+    assert not any(alive(p) for p in workers)
+    assert rt.call(rt.queue.stats()).stats["released"] == released + 1
+    done = rt.call(rt.queue.wait_iteration(101, 60), timeout=90)
+    assert done.dead == []
+    moved = done.results[ids.index(spot[0])]
+    assert moved["resumed_from"] >= 1
+    for result in done.results:
+        check_bit_identical(rt, result)
