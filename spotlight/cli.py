@@ -5,6 +5,8 @@
     spotlight pretrain --minutes 25 --out spotlight/assets/base.safetensors
     spotlight eval --checkpoint runs/tiny/checkpoints/iter_0060.safetensors
     spotlight keys --out keys --name controller
+    spotlight reserved tiny --port 5555      # reserved side of a cluster run (launch/reserved.sh)
+    spotlight agent --controller tcp://HOST:5555 --workers 2   # a spot node (launch/spot.sh)
 """
 
 from __future__ import annotations
@@ -69,6 +71,25 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--out", type=Path, default=Path("keys"))
     keys.add_argument("--name", default="node")
     keys.set_defaults(func=_keys)
+
+    res = sub.add_parser("reserved", help="run the reserved side: controller, queue, store, trainer, reserved workers",
+                         description="Serve the queue, tensor store and controller on TCP, run reserved workers "
+                                     "and the trainer; spot nodes join with `spotlight agent --controller ...`.")
+    res.add_argument("recipe", help="recipe file or built-in recipe name")
+    res.add_argument("overrides", nargs="*", help="section.field=value")
+    res.add_argument("--host", default="0.0.0.0", help="interface to bind (default all)")
+    res.add_argument("--port", type=int, default=5555, help="controller port spot nodes connect to (0: any)")
+    res.add_argument("--advertise", default=None, help="host name/IP spot nodes reach this node by")
+    res.add_argument("--keys", default=None, help="CURVE folder: controller.key_secret + nodes/*.key")
+    res.add_argument("--resume", action="store_true")
+    res.add_argument("--no-progress", action="store_true")
+    res.set_defaults(func=_reserved)
+
+    from spotlight.actors.node_agent import build_parser as agent_parser
+
+    agent = sub.add_parser("agent", parents=[agent_parser(add_help=False)], help="run a node agent (a spot node)",
+                           description="Join a run: register with the controller, start workers, pull requests.")
+    agent.set_defaults(func=_agent)
     return p
 
 
@@ -103,6 +124,35 @@ def _eval(args) -> int:
                       "eval_reward_std": result["eval_reward_std"], "per_seed_set": result["eval_per_seed_set"],
                       "samples": str(loop.out / "samples" / "eval_0000.png")}, indent=2))
     return 0
+
+
+def _reserved(args) -> int:
+    import signal
+    import socket
+
+    from spotlight.actors.runtime import LocalRuntime
+    from spotlight.loop import Loop
+    from spotlight.recipe import load_recipe
+
+    def stop(*_):  # SIGTERM leaves like Ctrl-C: the runtime tears its processes down in order
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    recipe = load_recipe(args.recipe, [*args.overrides, 'run.mode="runtime"'])
+    advertise = args.advertise or (args.host if args.host != "0.0.0.0" else socket.gethostbyname(socket.gethostname()))
+    with LocalRuntime(recipe, transport="tcp", host=args.host, advertise=advertise, controller_port=args.port,
+                      spot_workers=0, curve_keys=args.keys) as rt:
+        print(f"controller listening on {rt.endpoint}\nspot nodes join with: launch/spot.sh --controller "
+              f"{rt.endpoint}", flush=True)
+        summary = Loop(recipe, executor_factory=rt.executor, resume=args.resume, progress=not args.no_progress).run()
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _agent(args) -> int:
+    from spotlight.actors.node_agent import run_from_args
+
+    return run_from_args(args)
 
 
 def _keys(args) -> int:

@@ -361,8 +361,9 @@ async def serve(config: AgentConfig) -> None:
     await NodeAgent(config).run(notice)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m spotlight.actors.node_agent", description="Run a node agent.")
+def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m spotlight.actors.node_agent", description="Run a node agent.",
+                                add_help=add_help)
     p.add_argument("--controller", required=True, help="tcp://HOST:PORT of the reserved side")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--kind", choices=["reserved", "spot"], default="spot")
@@ -375,9 +376,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return run_from_args(build_parser().parse_args(argv))
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run an agent from parsed ``build_parser`` arguments (also ``spotlight agent``)."""
     from spotlight.actors.worker import die_with_parent
 
-    args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s agent %(name)s %(levelname)s %(message)s")
     if os.environ.get("SPOTLIGHT_DIE_WITH_PARENT"):
         die_with_parent()  # spawned by a LocalRuntime: never outlive it
