@@ -80,9 +80,10 @@ def pretrain(cfg: PretrainConfig, out: Path, log=print) -> Path:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        decay = min(cfg.ema_decay, (1 + step) / (10 + step))  # warm-up: early EMA must not keep the init
         with torch.no_grad():
             for pe, pm in zip(ema.parameters(), model.parameters()):
-                pe.lerp_(pm, 1 - cfg.ema_decay)
+                pe.lerp_(pm, 1 - decay)
         losses.append(loss.item())
         step += 1
         if step % 100 == 0:
