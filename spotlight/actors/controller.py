@@ -25,7 +25,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import numpy as np
@@ -201,9 +201,3 @@ class RuntimeExecutor:
         self._run(self.store.publish_weights(version, tensors))
         self.version = version
 
-
-@contextlib.asynccontextmanager
-async def opened(*cms: contextlib.AbstractAsyncContextManager) -> AsyncIterator[list[Any]]:
-    """Enter several async context managers, leave them in reverse order."""
-    async with contextlib.AsyncExitStack() as stack:
-        yield [await stack.enter_async_context(cm) for cm in cms]

@@ -64,6 +64,14 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     from spotlight.actors.worker import die_with_parent
 
@@ -180,13 +188,15 @@ class LocalRuntime:
 
     def close(self) -> None:
         """Stop everything, in order; safe to call twice."""
+        started = set(self.pids())
         self._stop_all(self.agents, grace_s=10.0)
         if self.bg is not None:
             self.bg.close()
             self.bg = None
         self._stop_all(self.services, grace_s=10.0)
-        for pid in descendants(os.getpid()):  # belt and braces: nothing we started may survive
-            if any(pid == p.pid for p in [*self.agents.values(), *self.services.values()]):
+        mine = {p.pid for p in [*self.agents.values(), *self.services.values()]}  # reaped above
+        for pid in sorted(started - mine):  # belt and braces: no worker may outlive its agent
+            if not _alive(pid):
                 continue
             log.warning("killing leftover process %d", pid)
             try:
