@@ -126,6 +126,10 @@ class LocalRuntime:
         self.close()
 
     def _start(self) -> None:
+        if self.recipe.model.checkpoint is not None:  # fail here, clearly, not in every worker
+            from spotlight.models.dit import resolve_checkpoint
+
+            resolve_checkpoint(self.recipe.model.checkpoint)
         py = [sys.executable, "-m"]
         queue = self._spawn("queue", [*py, "spotlight.actors.queue", "--bind", self._bind("queue"),
                                       "--lease-s", str(self.lease_s)], "ready ", self.services)
