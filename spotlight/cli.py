@@ -98,6 +98,7 @@ def _run(args) -> int:
     from spotlight.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
+    _sigterm_as_interrupt()
     summary = Experiment(recipe).run(resume=args.resume, progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
     return 0
@@ -126,18 +127,24 @@ def _eval(args) -> int:
     return 0
 
 
-def _reserved(args) -> int:
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM leaves like Ctrl-C, so a runtime tears its processes down in order."""
     import signal
+
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _reserved(args) -> int:
     import socket
 
     from spotlight.actors.runtime import LocalRuntime
     from spotlight.loop import Loop
     from spotlight.recipe import load_recipe
 
-    def stop(*_):  # SIGTERM leaves like Ctrl-C: the runtime tears its processes down in order
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
+    _sigterm_as_interrupt()
     recipe = load_recipe(args.recipe, [*args.overrides, 'run.mode="runtime"'])
     advertise = args.advertise or (args.host if args.host != "0.0.0.0" else socket.gethostbyname(socket.gethostname()))
     with LocalRuntime(recipe, transport="tcp", host=args.host, advertise=advertise, controller_port=args.port,
