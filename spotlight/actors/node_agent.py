@@ -319,8 +319,11 @@ class NodeAgent:
         while True:
             await asyncio.sleep(every)
             try:
-                progress = await h.rpc.call(m.WorkerStatus())
-                await q.heartbeat(lease.request_id, lease.attempt, h.worker_id, progress.committed_step)
+                step = (await h.rpc.call(m.WorkerStatus())).committed_step
+            except ActorTimeout:  # mid-way through a long step: alive (death is watched apart)
+                step = None
+            try:
+                await q.heartbeat(lease.request_id, lease.attempt, h.worker_id, step)
             except StaleAttempt as e:
                 self.stats["stale"] += 1
                 log.info("heartbeat fenced: %s", e)

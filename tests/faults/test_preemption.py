@@ -61,7 +61,9 @@ def runtime(tmp_path_factory):
     torch.manual_seed(0)
     model = build_policy_model(recipe)
     try:
-        with LocalRuntime(recipe) as rt:
+        # A short lease (beats every 0.3 s): an uninterrupted request (>= 8 x 50 ms) outlives a
+        # beat interval, so the agents' heartbeats must keep it leased (no expiry is asserted).
+        with LocalRuntime(recipe, lease_s=0.9) as rt:
             rt.call(rt.store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()}))
             rt.reference = sde_rollout(model, [PROMPT] * 4, SEEDS, recipe.sampler, (3, 16, 16))
             yield rt
@@ -200,6 +202,8 @@ def test_sigterm_agent_commits_releases_and_exits_within_2s(runtime):
     assert rt.call(rt.queue.stats()).stats["released"] == released + 1
     done = rt.call(rt.queue.wait_iteration(101, 60), timeout=90)
     assert done.dead == []
+    stats = rt.call(rt.queue.stats()).stats
+    assert stats["heartbeats"] >= 1 and stats["expired"] == 0  # kept alive by beats, never expired
     moved = done.results[ids.index(spot[0])]
     assert moved["resumed_from"] >= 1
     for result in done.results:
