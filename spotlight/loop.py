@@ -30,6 +30,7 @@ from spotlight.rewards.base import make_reward, to_uint8_images as to_uint8
 from spotlight import checkpoint
 
 EVAL_STREAM = 1_000  # seed stream of evaluation sets (training uses stream 0)
+INIT_STREAM = 2_000  # seed stream of a group's shared initial noise
 
 
 @dataclass(slots=True)
@@ -37,12 +38,14 @@ class ExploreJob:
     prompt: str
     seeds: list[int]
     effective_steps: int | None
+    init_seed: int | None = None  # shared x_1 of the group (sampler.shared_init), else per-seed
 
 
 @dataclass(slots=True)
 class RolloutJob:
     prompt: str
     seeds: list[int]
+    init_seed: int | None = None
 
 
 class Executor(Protocol):
@@ -66,7 +69,8 @@ class LocalExecutor:
         out = []
         for job in jobs:
             x = sample(self.model, [job.prompt] * len(job.seeds), job.seeds, self.shape, s.steps, s.shift,
-                       noise_level=s.noise_level, effective_steps=job.effective_steps)
+                       noise_level=s.noise_level, effective_steps=job.effective_steps, sde_steps=s.sde_steps,
+                       init_seed=job.init_seed)
             out.append(self.reward(to_uint8(x), [job.prompt] * len(job.seeds)))
         return out
 
@@ -74,7 +78,7 @@ class LocalExecutor:
         groups = []
         for job in jobs:
             prompts = [job.prompt] * len(job.seeds)
-            st = sde_rollout(self.model, prompts, job.seeds, self.recipe.sampler, self.shape)
+            st = sde_rollout(self.model, prompts, job.seeds, self.recipe.sampler, self.shape, init_seed=job.init_seed)
             rewards = self.reward(to_uint8(st.latents[-1].clamp(-1, 1)), prompts)
             groups.append(make_group(job, st.latents, st.log_probs, rewards))
         return groups
@@ -122,13 +126,21 @@ class Loop:
             return list(self.prompts)
         return random.Random(self.recipe.run.seed * 7919 + it).sample(self.prompts, n)
 
-    def plan_seeds(self, it: int, prompts: list[str]) -> tuple[list[list[int]], dict]:
+    def init_seeds(self, it: int, prompts: list[str]) -> list[int | None]:
+        """Each group's shared initial-noise seed when sampler.shared_init, else None."""
+        if not self.recipe.sampler.shared_init:
+            return [None] * len(prompts)
+        return [candidate_seeds(self.recipe.run.seed, it, self.prompts.index(p), 1, stream=INIT_STREAM)[0]
+                for p in prompts]
+
+    def plan_seeds(self, it: int, prompts: list[str], inits: list[int | None]) -> tuple[list[list[int]], dict]:
         r, e = self.recipe.run, self.recipe.explore
         idx = [self.prompts.index(p) for p in prompts]
         if not e.enabled:
             return [candidate_seeds(r.seed, it, i, r.group_size) for i in idx], {}
         cands = [candidate_seeds(r.seed, it, i, e.candidates) for i in idx]
-        scores = self.executor.explore([ExploreJob(p, c, e.effective_steps) for p, c in zip(prompts, cands)])
+        scores = self.executor.explore([ExploreJob(p, c, e.effective_steps, init)
+                                        for p, c, init in zip(prompts, cands, inits)])
         chosen = [select_contrast(c, s, r.group_size) for c, s in zip(cands, scores)]
         spread = [float(np.std(np.asarray(s)[[c.index(x) for x in ch]])) for c, s, ch in zip(cands, scores, chosen)]
         return chosen, {"explore_spread": float(np.mean(spread)),
@@ -137,9 +149,10 @@ class Loop:
     def step(self, it: int) -> dict:
         t0 = time.monotonic()
         prompts = self.iteration_prompts(it)
-        seeds, explore_stats = self.plan_seeds(it, prompts)
+        inits = self.init_seeds(it, prompts)
+        seeds, explore_stats = self.plan_seeds(it, prompts, inits)
         t1 = time.monotonic()
-        groups = self.executor.rollout([RolloutJob(p, s) for p, s in zip(prompts, seeds)])
+        groups = self.executor.rollout([RolloutJob(p, s, init) for p, s, init in zip(prompts, seeds, inits)])
         t2 = time.monotonic()
         train = self.trainer.update(groups)
         self.executor.publish(it + 1)

@@ -120,7 +120,7 @@ class GRPOTrainer:
 
     def train_steps(self) -> list[int]:
         """The seeded random subset of denoising steps trained this iteration."""
-        k = self.sampler.steps
+        k = self.sampler.stochastic_steps  # ODE steps carry no action to train
         n = max(1, round(k * self.cfg.timestep_fraction))
         return sorted(random.Random(self.seed * 1_000_003 + self.iteration).sample(range(k), n))
 
@@ -128,7 +128,8 @@ class GRPOTrainer:
         cfg, steps = self.cfg, self.train_steps()
         advs = [advantages(g.rewards, cfg.adv_clip) for g in groups]
         live = [i for i, a in enumerate(advs) if a.abs().sum() > 0]  # zero-variance groups teach nothing
-        stats: dict[str, list[float]] = {"loss": [], "ratio_dev": [], "clip_frac": [], "kl": [], "grad_norm": []}
+        stats: dict[str, list[float]] = {"loss": [], "ratio_dev": [], "clip_frac": [], "kl": [], "grad_norm": [],
+                                         "update_norm": []}
         chunks = [c for c in np.array_split(np.array(live, dtype=int), cfg.updates_per_iteration) if len(c)]
         for _epoch in range(cfg.inner_epochs):
             for chunk in chunks:
@@ -138,7 +139,12 @@ class GRPOTrainer:
                     self._accumulate(groups[gi], advs[gi], steps, scale, stats)
                 norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
                 stats["grad_norm"].append(float(norm))
+                before = [p.detach().clone() for p in self.params]
                 self.opt.step()
+                # how far the weights moved: Adam turns tiny noisy gradients into full-size steps
+                # unless lr / adam_eps keep it in check, so this is the number to watch
+                stats["update_norm"].append(float(torch.sqrt(sum(((p.detach() - b) ** 2).sum()
+                                                                 for p, b in zip(self.params, before)))))
         self.iteration += 1
         out = {k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
         out["groups_trained"] = float(len(live))

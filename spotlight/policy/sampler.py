@@ -39,6 +39,13 @@ class SamplerConfig:
     """Time shift t' = s·t/(1+(s−1)·t); >1 spends more steps at high noise (SD3 uses 3)."""
     eval_steps: int = 20
     """ODE steps for evaluation samples."""
+    sde_steps: int | None = None
+    """Only the first `sde_steps` steps are stochastic (and trained); the rest are ODE steps.
+    None = every step. Early steps decide a scene's layout; confining the noise there ties each
+    sample's reward to few trainable decisions (the idea of Flow-GRPO-Fast / MixGRPO)."""
+    shared_init: bool = False
+    """All samples of a group start from the same x_1 (DanceGRPO), so the reward differences in a
+    group come from the policy's own stochastic steps, not from the untrainable initial noise."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -49,6 +56,12 @@ class SamplerConfig:
             raise ConfigError(f"sampler.noise_level must be in (0, 2], got {self.noise_level}")
         if self.shift <= 0:
             raise ConfigError(f"sampler.shift must be > 0, got {self.shift}")
+        if self.sde_steps is not None and not 1 <= self.sde_steps <= self.steps:
+            raise ConfigError(f"sampler.sde_steps must be in [1, sampler.steps={self.steps}], got {self.sde_steps}")
+
+    @property
+    def stochastic_steps(self) -> int:
+        return self.steps if self.sde_steps is None else self.sde_steps
 
 
 def timesteps(steps: int, shift: float = 1.0) -> torch.Tensor:
@@ -111,8 +124,13 @@ class RolloutState:
     log_probs: list[torch.Tensor]  # log p of steps 0 .. k-1, each [B]
 
 
-def start(seeds: list[int], shape: tuple[int, ...], device=None) -> RolloutState:
-    x = noise(seeds, -1, shape, device)
+def initial_noise(seeds: list[int], shape, device=None, init_seed: int | None = None) -> torch.Tensor:
+    """x_1 of a batch: per-sample from `seeds`, or one shared draw from `init_seed`."""
+    return noise(seeds if init_seed is None else [init_seed] * len(seeds), -1, shape, device)
+
+
+def start(seeds: list[int], shape: tuple[int, ...], device=None, init_seed: int | None = None) -> RolloutState:
+    x = initial_noise(seeds, shape, device, init_seed)
     return RolloutState(x=x, step=0, latents=[x], log_probs=[])
 
 
@@ -122,22 +140,28 @@ def sde_advance(model, state: RolloutState, text, seeds: list[int], cfg: Sampler
     ts = timesteps(cfg.steps, cfg.shift)
     k, x = state.step, state.x
     t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
-    mean = sde_mean(model.velocity(x, t, text), x, ts, k, cfg.noise_level)
-    std = sde_std(ts, k, cfg.noise_level)
-    x_next = mean + std * noise(seeds, k, tuple(x.shape[1:]), x.device).to(x.dtype)
-    state.log_probs.append(gaussian_log_prob(x_next, mean, std))
+    v = model.velocity(x, t, text)
+    if k < cfg.stochastic_steps:
+        mean = sde_mean(v, x, ts, k, cfg.noise_level)
+        std = sde_std(ts, k, cfg.noise_level)
+        x_next = mean + std * noise(seeds, k, tuple(x.shape[1:]), x.device).to(x.dtype)
+        state.log_probs.append(gaussian_log_prob(x_next, mean, std))
+    else:  # a deterministic ODE step: no action to train, log-prob recorded as 0
+        x_next = x + v * float(ts[k + 1] - ts[k])
+        state.log_probs.append(torch.zeros(x.shape[0], dtype=x.dtype, device=x.device))
     state.latents.append(x_next)
     state.x, state.step = x_next, k + 1
     return state
 
 
-def sde_rollout(model, prompts: list[str], seeds: list[int], cfg: SamplerConfig, shape, state=None, on_step=None):
+def sde_rollout(model, prompts: list[str], seeds: list[int], cfg: SamplerConfig, shape, state=None, on_step=None,
+                init_seed: int | None = None):
     """Full SDE rollout of one batch, optionally resumed from `state`; `on_step(state)` after each step.
 
     Returns the final state: latents [steps+1] and log-probs [steps] of the whole trajectory.
     """
     text = model.encode(prompts)
-    state = state or start(seeds, shape, _device(model))
+    state = state or start(seeds, shape, _device(model), init_seed)
     while state.step < cfg.steps:
         sde_advance(model, state, text, seeds, cfg)
         if on_step is not None:
@@ -156,7 +180,8 @@ def step_log_prob(model, x: torch.Tensor, x_next: torch.Tensor, k: int, text, cf
 
 @torch.no_grad()
 def sample(model, prompts: list[str], seeds: list[int], shape, steps: int = 20, shift: float = 1.0,
-           noise_level: float | None = None, effective_steps: int | None = None) -> torch.Tensor:
+           noise_level: float | None = None, effective_steps: int | None = None, sde_steps: int | None = None,
+           init_seed: int | None = None) -> torch.Tensor:
     """Final sample [B, C, H, W] in [-1, 1] (clamped) without recording the trajectory.
 
     noise_level None = deterministic Euler ODE (evaluation); a float = the rollout SDE with the same
@@ -168,13 +193,14 @@ def sample(model, prompts: list[str], seeds: list[int], shape, steps: int = 20, 
     ts = timesteps(steps, shift)
     compute = _cached_steps(steps, effective_steps)
     text = model.encode(prompts)
-    x = noise(seeds, -1, shape, _device(model))
+    x = initial_noise(seeds, shape, _device(model), init_seed)
+    stochastic = steps if sde_steps is None else sde_steps
     v = None
     for k in range(steps):
         if k in compute:
             t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
             v = model.velocity(x, t, text)
-        if noise_level is None:
+        if noise_level is None or k >= stochastic:
             x = x + v * float(ts[k + 1] - ts[k])
         else:
             z = noise(seeds, k, tuple(x.shape[1:]), x.device).to(x.dtype)
