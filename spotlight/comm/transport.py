@@ -231,6 +231,11 @@ class RpcServer:
         # A ROUTER send never blocks (a reply to a gone or saturated peer is dropped, and that
         # peer's call times out), so the plain socket is safe here and skips a future per reply.
         self._raw.send_multipart([ident, corr, *frames], copy=False)
+        # zmq's fd is edge-triggered and a send through the plain socket may consume the edge of
+        # a request that arrived meanwhile; reading EVENTS through the asyncio socket re-arms its
+        # waiting recv (pyzmq's documented hook), else that request waits for the next arrival.
+        assert self._sock is not None
+        self._sock.get(zmq.EVENTS)
 
 
 class _AllowedKeys:
@@ -318,6 +323,9 @@ class RpcClient:
                 frames = [corr, *encode(msg)]
                 try:  # the plain socket first: no future when the pipe has room (the usual case)
                     self._raw.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                    # The plain send may consume the fd edge of a reply that arrived meanwhile:
+                    # re-arm the reader's waiting recv (see RpcServer._send), or it never wakes.
+                    self._sock.get(zmq.EVENTS)
                 except zmq.Again:  # no peer yet, or the pipe is full: wait for room
                     await self._sock.send_multipart(frames, copy=False)
                 reply = await fut
