@@ -39,16 +39,21 @@ def recipe(args, mode: str, reserved: int, spot: int, out: str):
         f"run.group_size={args.group}", f"explore.candidates={args.candidates}", f"run.iterations={args.iterations}",
         f"run.prompts_per_iteration={args.prompts}", "run.eval_every=1000", "run.eval_seeds=1",
         "run.eval_samples=2", "run.checkpoint_every=1000", f'run.mode="{mode}"', f"run.reserved_workers={reserved}",
-        f"run.spot_workers={spot}", f'run.out_dir="{out}"', f'run.name="{mode}-{reserved}-{spot}"'])
+        f"run.spot_workers={spot}", f"explore.enabled={str(args.explore).lower()}", f'run.out_dir="{out}"',
+        f'run.name="{mode}-{reserved}-{spot}"'])
 
 
-def one_run(args, name: str, out: str) -> tuple[list[float], list, dict]:
+def one_run(args, name: str, out: str) -> tuple[list[float], list, dict, float | None]:
     mode, reserved, spot = MODES[name]
     exp = Experiment(recipe(args, mode, reserved, spot, out))
     exp.run(progress=False)
     its = [r for r in exp.records if r["event"] == "iteration"]
     parts = {k: statistics.median(r[k] for r in its[1:]) for k in ("explore_s", "rollout_s", "train_s")}
-    return [r["explore_s"] + r["rollout_s"] + r["train_s"] for r in its[1:]], [r["rewards"] for r in its], parts
+    path_ms = None
+    if mode == "runtime" and reserved + spot == 1:  # one worker: batch wall - time inside it = the runtime's path
+        batches = exp.loop.executor.timings[2 if args.explore else 1:]  # iteration 0 left out
+        path_ms = 1e3 * statistics.median((b["wall_s"] - b["worker_s"]) / b["requests"] for b in batches)
+    return [r["explore_s"] + r["rollout_s"] + r["train_s"] for r in its[1:]], [r["rewards"] for r in its], parts, path_ms
 
 
 def main() -> None:
@@ -60,16 +65,19 @@ def main() -> None:
     p.add_argument("--candidates", type=int, default=16)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--image-size", type=int, default=16)
+    p.add_argument("--no-explore", dest="explore", action="store_false", help="random seeds (no explore phase)")
     args = p.parse_args()
     torch.set_num_threads(1)
     times: dict[str, list[float]] = {k: [] for k in MODES}
     parts: dict[str, list[dict]] = {k: [] for k in MODES}
+    path: list[float] = []
     rewards: dict[str, list] = {}
     with tempfile.TemporaryDirectory() as out:
         for _ in range(args.repeats):
             for name in MODES:
                 t0 = time.monotonic()
-                its, rw, pt = one_run(args, name, out)
+                its, rw, pt, path_ms = one_run(args, name, out)
+                path += [path_ms] if path_ms is not None else []
                 print(f"  {name:18s} run {time.monotonic() - t0:6.1f}s (incl. startup)", flush=True)
                 times[name] += its
                 parts[name].append(pt)
@@ -85,6 +93,8 @@ def main() -> None:
         pm = {k: statistics.median(x[k] for x in parts[name]) for k in ("explore_s", "rollout_s", "train_s")}
         print(f"{name:18s} {med:16.3f} {pm['explore_s']:8.3f} {pm['rollout_s']:8.3f} {pm['train_s']:9.3f} "
               f"{med / base:13.3f}x")
+    print(f"runtime path per request (1 worker: batch wall - time inside the worker, median): "
+          f"{statistics.median(path):.2f} ms")
     print(f"same per-iteration rewards in every mode: {'yes' if same else 'NO'}")
 
 

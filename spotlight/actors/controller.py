@@ -155,7 +155,8 @@ class RuntimeExecutor:
         self.wait_s = wait_s
         self._batch = 0
         self.version = -1
-        self.timings: list[dict[str, float]] = []
+        self.timings: list[dict[str, Any]] = []
+        """Per batch: kind, wall_s (submit to results read), worker_s (summed time inside workers)."""
         self.publish(version)
 
     def _run(self, coro: Coroutine, extra_s: float = 0.0) -> Any:
@@ -170,28 +171,34 @@ class RuntimeExecutor:
             await self.queue.submit(requests)
             return await self.queue.wait_iteration(batch, self.wait_s)
 
+        t0 = time.perf_counter()
         done = self._run(go(), self.wait_s)
         if done.dead:
             raise RemoteError(f"{kind} batch {batch}: requests {done.dead} were dead-lettered (see queue stats)")
+        self.timings.append({"kind": kind, "requests": len(requests), "t0": t0, "wall_s": time.perf_counter() - t0,
+                             "worker_s": sum(r.get("worker_s", 0.0) for r in done.results)})
         return done.results
 
     def explore(self, jobs: list[ExploreJob]) -> list[np.ndarray]:
         results = self._submit_and_wait("explore", [
             {"prompt": j.prompt, "seeds": list(j.seeds), "version": self.version,
-             "effective_steps": j.effective_steps} for j in jobs])
+             "effective_steps": j.effective_steps, "init_seed": j.init_seed} for j in jobs])
         return [np.asarray(r["rewards"], dtype=np.float32) for r in results]
 
     def rollout(self, jobs: list[RolloutJob]) -> list[Group]:
         results = self._submit_and_wait("rollout", [
-            {"prompt": j.prompt, "seeds": list(j.seeds), "version": self.version} for j in jobs])
+            {"prompt": j.prompt, "seeds": list(j.seeds), "version": self.version, "init_seed": j.init_seed}
+            for j in jobs])
 
         async def fetch() -> list[dict[str, np.ndarray]]:
             trajs = await asyncio.gather(*(self.store.get(r["key"]) for r in results))
             await asyncio.gather(*(self.store.delete(r["key"]) for r in results))
             return [t for t, _ in trajs]
 
+        trajs = self._run(fetch())
+        self.timings[-1]["wall_s"] = time.perf_counter() - self.timings[-1]["t0"]  # reading them is overhead too
         groups = []
-        for job, traj in zip(jobs, self._run(fetch()), strict=True):
+        for job, traj in zip(jobs, trajs, strict=True):
             own = {k: torch.from_numpy(np.array(v)) for k, v in traj.items()}  # writable copies
             groups.append(Group(job.prompt, list(job.seeds), own["latents"], own["log_probs"], own["rewards"]))
         return groups

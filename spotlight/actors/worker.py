@@ -30,6 +30,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -126,11 +127,15 @@ class WorkerCore:
             raise ProtocolError(f"worker busy with {self.request_id}; one request at a time")
         self._idle.clear()
         self.request_id, self.attempt, self.committed_step = lease.request_id, lease.attempt, None
+        t0 = time.perf_counter()
         try:
             await self.load_weights(int(lease.payload["version"]))
             if lease.kind == "explore":
-                return await self._explore(lease.payload)
-            return await self._rollout(lease)
+                result = await self._explore(lease.payload)
+            else:
+                result = await self._rollout(lease)
+            # Time spent inside the worker: lets the controller tell runtime overhead from compute.
+            return {**result, "worker_s": time.perf_counter() - t0}
         finally:
             self.request_id = None
             self._idle.set()
@@ -144,7 +149,7 @@ class WorkerCore:
 
         def work() -> np.ndarray:
             x = sample(self.model, prompts, seeds, self.shape, s.steps, s.shift, noise_level=s.noise_level,
-                       effective_steps=p.get("effective_steps"))
+                       effective_steps=p.get("effective_steps"), sde_steps=s.sde_steps, noise_patch=s.noise_patch, init_seed=p.get("init_seed"))
             return self.reward(to_uint8_images(x), prompts)
 
         rewards = await self._compute(work)
@@ -159,7 +164,7 @@ class WorkerCore:
         meta = {"version": self.version, "seeds": seeds, "prompt": p["prompt"], "worker": self.worker_id}
         state = await self._resume(lease, meta)
         resumed_from = 0 if state is None else state.step
-        state = state or start(seeds, self.shape)
+        state = state or start(seeds, self.shape, init_seed=p.get("init_seed"))
         text = await self._compute(torch.no_grad()(self.model.encode), prompts)
         while state.step < cfg.steps:
             if self._stop:
