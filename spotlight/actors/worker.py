@@ -3,8 +3,10 @@
 - ``WorkerCore``: the logic. A rollout request (prompt, seeds, weights version) runs step by step
   with ``sampler.sde_advance``; after EVERY step the state (latents so far [k+1, G, C, H, W],
   log-probs so far [k, G], step, seeds, version) is handed to the store client's
-  ``commit_nowait``, whose flusher sends it while the next step computes. The tensor math runs on
-  one dedicated thread so the event loop stays free for commits, status and stop messages. A
+  ``commit_nowait``; the step then yields once to the event loop so the flusher hands the state
+  to ZeroMQ, whose I/O thread transmits it while the next step computes. (The math runs on the
+  loop's thread: a separate compute thread fought the loop for the GIL and cost 6-10 ms per
+  rollout request on the tiny model.) Status and stop messages are answered between steps. A
   re-delivered request (attempt > 1 or a resume reference) resumes from the store's newest
   commit; the sampler's counter-based noise makes the result bit-identical to an uninterrupted
   run. At the end it scores the sample, writes the trajectory (latents [G, K+1, C, H, W],
@@ -31,7 +33,6 @@ import os
 import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -84,8 +85,6 @@ class WorkerCore:
         # numpy views on the parameters: get_weights(out=...) fills the model without a copy.
         self._params = {k: v.detach().numpy() for k, v in self.model.state_dict().items()}
         self.version: int | None = None
-        # One thread for all tensor math: torch state (no_grad, threads) stays on one thread.
-        self._compute_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-compute")
         self.request_id: str | None = None
         self.attempt = 0
         self.committed_step: int | None = None
@@ -94,10 +93,7 @@ class WorkerCore:
         self._idle.set()
 
     def close(self) -> None:
-        self._compute_pool.shutdown(wait=True)
-
-    async def _compute(self, fn, *args, **kw):
-        return await asyncio.get_running_loop().run_in_executor(self._compute_pool, lambda: fn(*args, **kw))
+        """Nothing to release today; kept so a device backend can free its resources here."""
 
     # --- weights -------------------------------------------------------------------------------
     async def load_weights(self, version: int) -> None:
@@ -152,7 +148,7 @@ class WorkerCore:
                        effective_steps=p.get("effective_steps"), sde_steps=s.sde_steps, noise_patch=s.noise_patch, init_seed=p.get("init_seed"))
             return self.reward(to_uint8_images(x), prompts)
 
-        rewards = await self._compute(work)
+        rewards = work()
         return {"rewards": [float(r) for r in rewards]}
 
     async def _rollout(self, lease: m.LeaseGrant) -> dict[str, Any]:
@@ -165,19 +161,19 @@ class WorkerCore:
         state = await self._resume(lease, meta)
         resumed_from = 0 if state is None else state.step
         state = state or start(seeds, self.shape, init_seed=p.get("init_seed"))
-        text = await self._compute(torch.no_grad()(self.model.encode), prompts)
+        with torch.no_grad():
+            text = self.model.encode(prompts)
         while state.step < cfg.steps:
             if self._stop:
                 await self.store.flush()
                 raise Preempted(f"{rid}: stopped after step {state.step} (committed)")
-            await self._compute(sde_advance, self.model, state, text, seeds, cfg)
+            sde_advance(self.model, state, text, seeds, cfg)
             # Stacked copies: commit_nowait owns them while the next step runs.
             self.store.commit_nowait(rid, state.step, {"latents": torch.stack(state.latents),
                                                        "log_probs": torch.stack(state.log_probs)},
                                      meta, attempt=lease.attempt)
             self.committed_step = state.step
-            if self.step_delay_s:
-                await asyncio.sleep(self.step_delay_s)
+            await asyncio.sleep(self.step_delay_s)  # yield: the flusher sends, stop/status run
 
         def finish() -> dict[str, np.ndarray]:
             rewards = self.reward(to_uint8_images(state.latents[-1].clamp(-1, 1)), prompts)
@@ -185,7 +181,7 @@ class WorkerCore:
                     "log_probs": torch.stack(state.log_probs, 1).numpy(),
                     "rewards": np.asarray(rewards, dtype=np.float32)}
 
-        traj = await self._compute(finish)
+        traj = finish()
         key = trajectory_key(rid)
         await self.store.put(key, traj, {**meta, "attempt": lease.attempt})
         await self.store.flush()  # no late commit may land after the drop
