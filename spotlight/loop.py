@@ -69,7 +69,7 @@ class LocalExecutor:
         out = []
         for job in jobs:
             x = sample(self.model, [job.prompt] * len(job.seeds), job.seeds, self.shape, s.steps, s.shift,
-                       noise_level=s.noise_level, effective_steps=job.effective_steps, sde_steps=s.sde_steps,
+                       noise_level=s.noise_level, effective_steps=job.effective_steps, sde_steps=s.sde_steps, noise_patch=s.noise_patch,
                        init_seed=job.init_seed)
             out.append(self.reward(to_uint8(x), [job.prompt] * len(job.seeds)))
         return out
@@ -171,8 +171,11 @@ class Loop:
             scores = []
             for pi, p in enumerate(self.prompts):
                 seeds = candidate_seeds(r.seed, 0, pi, r.eval_samples, stream=EVAL_STREAM + k)
-                noise = s.noise_level if r.eval_mode == "sde" else None
-                x = sample(self.model, [p] * len(seeds), seeds, self.shape, s.eval_steps, s.shift, noise_level=noise)
+                if r.eval_mode == "sde":  # the rollout policy itself, on unseen seeds
+                    x = sample(self.model, [p] * len(seeds), seeds, self.shape, s.steps, s.shift,
+                               noise_level=s.noise_level, sde_steps=s.sde_steps, noise_patch=s.noise_patch)
+                else:
+                    x = sample(self.model, [p] * len(seeds), seeds, self.shape, s.eval_steps, s.shift)
                 imgs = to_uint8(x)
                 scores.append(self.reward(imgs, [p] * len(seeds)))
                 if k == 0 and save_samples:

@@ -43,6 +43,11 @@ class SamplerConfig:
     """Only the first `sde_steps` steps are stochastic (and trained); the rest are ODE steps.
     None = every step. Early steps decide a scene's layout; confining the noise there ties each
     sample's reward to few trainable decisions (the idea of Flow-GRPO-Fast / MixGRPO)."""
+    noise_patch: int = 1
+    """SDE noise is drawn once per noise_patch x noise_patch pixel block and channel (1 = per
+    pixel). Block noise explores layouts instead of pixel grain and has fewer dimensions, so a
+    policy-gradient estimate from few samples is far less noisy; log-probs stay exact densities of
+    the block draws."""
     shared_init: bool = False
     """All samples of a group start from the same x_1 (DanceGRPO), so the reward differences in a
     group come from the policy's own stochastic steps, not from the untrainable initial noise."""
@@ -56,6 +61,8 @@ class SamplerConfig:
             raise ConfigError(f"sampler.noise_level must be in (0, 2], got {self.noise_level}")
         if self.shift <= 0:
             raise ConfigError(f"sampler.shift must be > 0, got {self.shift}")
+        if self.noise_patch < 1:
+            raise ConfigError(f"sampler.noise_patch must be >= 1, got {self.noise_patch}")
         if self.sde_steps is not None and not 1 <= self.sde_steps <= self.steps:
             raise ConfigError(f"sampler.sde_steps must be in [1, sampler.steps={self.steps}], got {self.sde_steps}")
 
@@ -100,18 +107,50 @@ def sde_std(ts: torch.Tensor, k: int, noise_level: float) -> float:
     return sigma * math.sqrt(abs(t_next - t))
 
 
-def sde_mean(v: torch.Tensor, x: torch.Tensor, ts: torch.Tensor, k: int, noise_level: float) -> torch.Tensor:
-    """Mean of the Gaussian transition of step k given the velocity v at (x, t_k)."""
+def sde_mean(v: torch.Tensor, x: torch.Tensor, ts: torch.Tensor, k: int, noise_level: float,
+             patch: int = 1) -> torch.Tensor:
+    """Mean of the Gaussian transition of step k given the velocity v at (x, t_k).
+
+    x + (1−t)·v is the predicted noise ε̂ (= −t·score), so σ²/(2t)·ε̂ is the score correction
+    that keeps the SDE's marginals equal to the ODE's. With block noise (patch > 1) the noise
+    covariance is σ²·P, P the projection onto block-constant images, and the correction is
+    projected the same way — otherwise the drift would damp detail that no noise puts back.
+    """
     t, dt = float(ts[k]), float(ts[k + 1] - ts[k])
     t_den = float(ts[1]) if t >= 1.0 else t
     sigma2 = noise_level**2 * t / (1 - t_den) if t > 0 else 0.0
-    return x + (v + sigma2 / (2 * t) * (x + (1 - t) * v)) * dt
+    eps_hat = x + (1 - t) * v
+    if patch > 1:
+        eps_hat = block_project(eps_hat, patch)
+    return x + (v + sigma2 / (2 * t) * eps_hat) * dt
 
 
-def gaussian_log_prob(x_next: torch.Tensor, mean: torch.Tensor, std: float) -> torch.Tensor:
-    """log N(x_next; mean, std²) averaged over all non-batch dims (Flow-GRPO's per-step log-prob)."""
-    lp = -((x_next.detach() - mean) ** 2) / (2 * std**2) - math.log(std) - 0.5 * math.log(2 * math.pi)
+def block_project(x: torch.Tensor, patch: int) -> torch.Tensor:
+    """Orthogonal projection of [B, C, H, W] onto images constant over patch x patch blocks."""
+    avg = torch.nn.functional.avg_pool2d(x, patch)
+    return avg.repeat_interleave(patch, 2).repeat_interleave(patch, 3)
+
+
+def gaussian_log_prob(x_next: torch.Tensor, mean: torch.Tensor, std: float, patch: int = 1) -> torch.Tensor:
+    """log N(x_next; mean, std²) averaged over all non-batch dims (Flow-GRPO's per-step log-prob).
+
+    With block noise (patch > 1) the density is that of the block draws: the block means of
+    x_next − mean are std·z exactly.
+    """
+    r = x_next.detach() - mean
+    if patch > 1:
+        r = torch.nn.functional.avg_pool2d(r, patch)
+    lp = -(r**2) / (2 * std**2) - math.log(std) - 0.5 * math.log(2 * math.pi)
     return lp.flatten(1).mean(1)
+
+
+def sde_noise(seeds: list[int], k: int, shape: tuple[int, ...], patch: int = 1, device=None) -> torch.Tensor:
+    """The SDE draw of step k: per pixel, or one value per patch x patch block, repeated over it."""
+    if patch == 1:
+        return noise(seeds, k, shape, device)
+    c, h, w = shape
+    z = noise(seeds, k, (c, h // patch, w // patch), device)
+    return z.repeat_interleave(patch, 2).repeat_interleave(patch, 3)  # block-constant
 
 
 @dataclass(slots=True)
@@ -142,10 +181,10 @@ def sde_advance(model, state: RolloutState, text, seeds: list[int], cfg: Sampler
     t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
     v = model.velocity(x, t, text)
     if k < cfg.stochastic_steps:
-        mean = sde_mean(v, x, ts, k, cfg.noise_level)
+        mean = sde_mean(v, x, ts, k, cfg.noise_level, cfg.noise_patch)
         std = sde_std(ts, k, cfg.noise_level)
-        x_next = mean + std * noise(seeds, k, tuple(x.shape[1:]), x.device).to(x.dtype)
-        state.log_probs.append(gaussian_log_prob(x_next, mean, std))
+        x_next = mean + std * sde_noise(seeds, k, tuple(x.shape[1:]), cfg.noise_patch, x.device).to(x.dtype)
+        state.log_probs.append(gaussian_log_prob(x_next, mean, std, cfg.noise_patch))
     else:  # a deterministic ODE step: no action to train, log-prob recorded as 0
         x_next = x + v * float(ts[k + 1] - ts[k])
         state.log_probs.append(torch.zeros(x.shape[0], dtype=x.dtype, device=x.device))
@@ -173,15 +212,15 @@ def step_log_prob(model, x: torch.Tensor, x_next: torch.Tensor, k: int, text, cf
     """log p_θ(x_next | x) of step k, and the transition mean (for the KL term). Differentiable."""
     ts = timesteps(cfg.steps, cfg.shift)
     t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
-    mean = sde_mean(model.velocity(x, t, text), x, ts, k, cfg.noise_level)
+    mean = sde_mean(model.velocity(x, t, text), x, ts, k, cfg.noise_level, cfg.noise_patch)
     std = sde_std(ts, k, cfg.noise_level)
-    return gaussian_log_prob(x_next, mean, std), mean, std
+    return gaussian_log_prob(x_next, mean, std, cfg.noise_patch), mean, std
 
 
 @torch.no_grad()
 def sample(model, prompts: list[str], seeds: list[int], shape, steps: int = 20, shift: float = 1.0,
            noise_level: float | None = None, effective_steps: int | None = None, sde_steps: int | None = None,
-           init_seed: int | None = None) -> torch.Tensor:
+           init_seed: int | None = None, noise_patch: int = 1) -> torch.Tensor:
     """Final sample [B, C, H, W] in [-1, 1] (clamped) without recording the trajectory.
 
     noise_level None = deterministic Euler ODE (evaluation); a float = the rollout SDE with the same
@@ -203,8 +242,8 @@ def sample(model, prompts: list[str], seeds: list[int], shape, steps: int = 20, 
         if noise_level is None or k >= stochastic:
             x = x + v * float(ts[k + 1] - ts[k])
         else:
-            z = noise(seeds, k, tuple(x.shape[1:]), x.device).to(x.dtype)
-            x = sde_mean(v, x, ts, k, noise_level) + sde_std(ts, k, noise_level) * z
+            z = sde_noise(seeds, k, tuple(x.shape[1:]), noise_patch, x.device).to(x.dtype)
+            x = sde_mean(v, x, ts, k, noise_level, noise_patch) + sde_std(ts, k, noise_level) * z
     return x.clamp(-1, 1)
 
 
