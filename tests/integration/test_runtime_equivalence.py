@@ -28,10 +28,10 @@ def alive(pid: int) -> bool:
         return False
 
 
-def run(tmp_path, mode: str, explore: bool) -> tuple[Experiment, list[int]]:
+def run(tmp_path, mode: str, explore: bool, sampler: list[str]) -> tuple[Experiment, list[int]]:
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
-    recipe = load_recipe("tiny", [*TINY, f'run.mode="{mode}"', f"explore.enabled={str(explore).lower()}",
+    recipe = load_recipe("tiny", [*TINY, *sampler, f'run.mode="{mode}"', f"explore.enabled={str(explore).lower()}",
                                   f'run.out_dir="{tmp_path}"', f'run.name="{mode}"'])
     exp = Experiment(recipe)
     pids: list[int] = []
@@ -40,10 +40,15 @@ def run(tmp_path, mode: str, explore: bool) -> tuple[Experiment, list[int]]:
     return exp, pids
 
 
-@pytest.mark.parametrize("explore", [True, False], ids=["explore", "random-seeds"])
-def test_runtime_matches_in_process_loop(tmp_path, explore):
-    ref, _ = run(tmp_path, "in-process", explore)
-    got, pids = run(tmp_path, "runtime", explore)
+@pytest.mark.parametrize("explore,sampler", [
+    (True, []),
+    (False, []),
+    # Every sampler option the workers must honour: shared x_1, an SDE window, block noise.
+    (True, ["sampler.shared_init=true", "sampler.sde_steps=2", "sampler.noise_patch=2"]),
+], ids=["explore", "random-seeds", "explore-shared-init-sde-window-block-noise"])
+def test_runtime_matches_in_process_loop(tmp_path, explore, sampler):
+    ref, _ = run(tmp_path, "in-process", explore, sampler)
+    got, pids = run(tmp_path, "runtime", explore, sampler)
 
     iters = lambda exp: [r for r in exp.records if r["event"] == "iteration"]  # noqa: E731
     assert len(iters(got)) == 2
