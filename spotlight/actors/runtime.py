@@ -64,7 +64,8 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie counts as gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -200,7 +201,7 @@ class LocalRuntime:
         self._stop_all(self.services, grace_s=10.0)
         mine = {p.pid for p in [*self.agents.values(), *self.services.values()]}  # reaped above
         for pid in sorted(started - mine):  # belt and braces: no worker may outlive its agent
-            if not _alive(pid):
+            if not alive(pid):
                 continue
             log.warning("killing leftover process %d", pid)
             try:

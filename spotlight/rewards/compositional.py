@@ -45,7 +45,6 @@ class Blob:
 @dataclass(frozen=True, slots=True)
 class Analysis:
     blobs: tuple[Blob, ...]
-    colored_pixels: dict[str, int]
 
     def of(self, color: str) -> list[Blob]:
         return sorted((b for b in self.blobs if b.color == color), key=lambda b: -b.area)
@@ -63,10 +62,9 @@ def analyse(image: np.ndarray, max_distance: float = 110.0, min_area: int | None
     label = d.argmin(1)
     label[d.min(1) > max_distance**2] = 0  # far from every palette colour: not an object pixel
     label = label.reshape(image.shape[:2])
-    blobs, counts = [], {}
+    blobs = []
     for i, color in enumerate(_COLORS, start=1):
         mask = label == i
-        counts[color] = int(mask.sum())
         comps, n = ndimage.label(mask)
         for j, sl in enumerate(ndimage.find_objects(comps), start=1):
             comp = comps[sl] == j
@@ -76,7 +74,7 @@ def analyse(image: np.ndarray, max_distance: float = 110.0, min_area: int | None
             ys, xs = np.nonzero(comp)
             box = comp.shape[0] * comp.shape[1]
             blobs.append(Blob(color, area, ys.mean() + sl[0].start, xs.mean() + sl[1].start, area / box))
-    return Analysis(tuple(blobs), counts)
+    return Analysis(tuple(blobs))
 
 
 def score_scene(scene: Scene, a: Analysis) -> tuple[float, dict[str, float]]:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from spotlight.actors.node_agent import spot_notice
-from spotlight.actors.runtime import LocalRuntime, descendants
+from spotlight.actors.runtime import LocalRuntime, alive, descendants
 from spotlight.actors.worker import build_policy_model
 from spotlight.policy.sampler import sde_rollout
 from spotlight.recipe import load_recipe
@@ -30,14 +30,6 @@ TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_
         "run.reserved_workers=1", "run.spot_workers=1"]
 SEEDS = [11, 12, 13, 14]
 PROMPT = "a red circle"
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def wait_for(cond, timeout: float, what: str, every: float = 0.01):

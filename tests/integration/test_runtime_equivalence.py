@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from spotlight import Experiment, load_recipe
+from spotlight.actors.runtime import alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -18,14 +19,6 @@ TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_
         "model.patch=4", "sampler.steps=3", "sampler.eval_steps=2", "run.group_size=4", "explore.candidates=4",
         "run.iterations=2", "run.prompts_per_iteration=2", "run.eval_every=100", "run.eval_seeds=1",
         "run.eval_samples=2", "run.reserved_workers=1", "run.spot_workers=2"]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def run(tmp_path, mode: str, explore: bool, sampler: list[str]) -> tuple[Experiment, list[int]]:
