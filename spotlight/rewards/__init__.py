@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from spotlight.rewards.base import __all__ as _base_all
 from spotlight.rewards.base import (
     RewardFn,
     WeightedSum,
@@ -30,17 +31,7 @@ _LAZY = {
     "serve_reward": "spotlight.rewards.http",
 }
 
-__all__ = [
-    "RewardFn",
-    "WeightedSum",
-    "check_batch",
-    "check_scores",
-    "known_rewards",
-    "make_reward",
-    "register_reward",
-    "to_uint8_images",
-    *_LAZY,
-]
+__all__ = [*_base_all, *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
