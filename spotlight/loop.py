@@ -207,18 +207,16 @@ class Loop:
             self.emit(rec, start)
             bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", spread=f"{rec['group_spread']:.3f}")
             done = it + 1
-            if done % r.eval_every == 0 or done == r.iterations:
+            out_of_time = r.minutes is not None and (time.monotonic() - start) / 60 >= r.minutes
+            last = done == r.iterations or out_of_time
+            if done % r.eval_every == 0 or last:
                 ev = self.evaluate(done)
                 self.emit(ev, start)
                 bar.write(f"iteration {done}: held-out reward {ev['eval_reward']:.3f} ± {ev['eval_reward_std']:.3f}")
-            if done % r.checkpoint_every == 0 or done == r.iterations:
+            if done % r.checkpoint_every == 0 or last:
                 checkpoint.save(self.out / "checkpoints", done, self.model, self.trainer,
                                 self.wall_offset + time.monotonic() - start)
-            if r.minutes is not None and (time.monotonic() - start) / 60 >= r.minutes:
-                if done % r.eval_every:
-                    self.emit(self.evaluate(done), start)
-                checkpoint.save(self.out / "checkpoints", done, self.model, self.trainer,
-                                self.wall_offset + time.monotonic() - start)
+            if out_of_time:
                 break
         bar.close()
         records = self.metrics.read()

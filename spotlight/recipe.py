@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints
 
 from spotlight.errors import ConfigError, NotFound
 from spotlight.models.dit import ModelConfig
@@ -89,7 +90,7 @@ class Recipe:
         return dataclasses.asdict(self)
 
 
-SECTIONS = {f.name: f.type for f in dataclasses.fields(Recipe)}
+SECTIONS: dict[str, type] = get_type_hints(Recipe)  # section name -> its config dataclass
 
 
 def load_recipe(source: str | Path | dict | None = None, overrides: list[str] | None = None) -> Recipe:
@@ -150,8 +151,7 @@ def _build(data: dict[str, Any]) -> Recipe:
     return Recipe(**sections)
 
 
-def _section(name: str, cls, values: dict[str, Any]):
-    cls = get_type_hints(Recipe)[name]
+def _section(name: str, cls: type, values: dict[str, Any]):
     hints = get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     for key, value in values.items():
@@ -162,10 +162,7 @@ def _section(name: str, cls, values: dict[str, Any]):
 
 
 def _check_type(field_name: str, value: Any, hint) -> None:
-    import types
-    import typing
-
-    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
+    allowed = get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     for t in allowed:
         if t is type(None) and value is None:
             return

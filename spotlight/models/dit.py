@@ -63,15 +63,14 @@ def tiny_dit(cfg: ModelConfig) -> nn.Module:
 
     cls = getattr(diffusers, cfg.dit_class)
     tokens_in = cfg.channels * cfg.patch**2
+    # RoPE axes (frame, row, column) must sum to the head dim; rows and columns get 3/8 each
+    side = cfg.head_dim * 3 // 8
+    rope = (cfg.head_dim - 2 * side, side, side)
     if cfg.dit_class == "QwenImageTransformer2DModel":
-        t = cfg.head_dim // 4
-        rope = (cfg.head_dim - 2 * (cfg.head_dim * 3 // 8), cfg.head_dim * 3 // 8, cfg.head_dim * 3 // 8)
-        assert sum(rope) == cfg.head_dim and t > 0
         return cls(patch_size=cfg.patch, in_channels=tokens_in, out_channels=cfg.channels, num_layers=cfg.layers,
                    attention_head_dim=cfg.head_dim, num_attention_heads=cfg.heads,
                    joint_attention_dim=cfg.text_dim, axes_dims_rope=rope)
     if cfg.dit_class == "FluxTransformer2DModel":
-        rope = (cfg.head_dim - 2 * (cfg.head_dim * 3 // 8), cfg.head_dim * 3 // 8, cfg.head_dim * 3 // 8)
         return cls(patch_size=1, in_channels=tokens_in, out_channels=tokens_in, num_layers=cfg.layers // 2 or 1,
                    num_single_layers=cfg.layers - cfg.layers // 2, attention_head_dim=cfg.head_dim,
                    num_attention_heads=cfg.heads, joint_attention_dim=cfg.text_dim,
