@@ -165,8 +165,7 @@ def _agent(args) -> int:
 def _keys(args) -> int:
     from spotlight.comm.auth import keys_main
 
-    public, secret = keys_main(str(args.out), args.name)
-    print(f"public key: {public}\nsecret key: {secret}  (keep it on this node only)")
+    keys_main(str(args.out), args.name)
     return 0
 
 

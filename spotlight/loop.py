@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from spotlight.data.prompts import prompt_set
-from spotlight.errors import ConfigError
 from spotlight.models.dit import DiffusionModel, build_model
 from spotlight.data.scenes import VOCABULARY
 from spotlight.policy.grpo import GRPOTrainer, Group

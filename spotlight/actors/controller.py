@@ -3,8 +3,8 @@
 - ``ControllerCore``: which nodes are registered; answers a node's Register with the queue and
   tensor-store addresses, the lease length and the recipe (so a spot node needs only the
   controller's address). ``controller_handlers`` is its message API.
-- ``Controller``: the async shell: the controller's ``RpcServer`` (CURVE on tcp when keys are
-  given) plus open queue and store clients.
+- ``Controller``: the async shell: the controller's ``RpcServer`` plus open queue and store
+  clients (CURVE on both sides when keys are given).
 - ``BackgroundLoop``: the trainer (``Loop``) is synchronous torch code on the main thread, so the
   controller's sockets live on an asyncio loop in one background thread; ``call`` hands it a
   coroutine and waits for the result under a timeout.
@@ -34,6 +34,7 @@ import torch
 from spotlight.actors.queue_service import QueueClient
 from spotlight.actors.store_client import TensorStoreClient
 from spotlight.comm import messages as m
+from spotlight.comm.auth import CurveClientKeys, CurveServerKeys
 from spotlight.comm.transport import RpcClient, RpcServer
 from spotlight.errors import ActorTimeout, ProtocolError, RemoteError
 from spotlight.loop import ExploreJob, RolloutJob
@@ -77,9 +78,10 @@ class Controller:
     """``async with Controller(core, bind=..., queue=..., store=...) as ctl``: the controller's
     server plus open clients of the queue (``ctl.queue``) and the store (``ctl.store``)."""
 
-    def __init__(self, core: ControllerCore, *, bind: str, queue: str, store: str, curve=None,
+    def __init__(self, core: ControllerCore, *, bind: str, queue: str, store: str,
+                 curve: CurveServerKeys | None = None, client_curve: CurveClientKeys | None = None,
                  timeout: float = 30.0) -> None:
-        self.core, self._bind, self._curve = core, bind, curve
+        self.core, self._bind, self._curve, self._client_curve = core, bind, curve, client_curve
         self._queue_ep, self._store_ep, self._timeout = queue, store, timeout
         self._stack = contextlib.AsyncExitStack()
         self.endpoint = ""
@@ -91,10 +93,11 @@ class Controller:
             server = await stack.enter_async_context(
                 RpcServer(controller_handlers(self.core), bind=self._bind, curve=self._curve))
             self.endpoint = server.endpoint
-            rpc = await stack.enter_async_context(RpcClient(self._queue_ep, timeout=self._timeout))
+            rpc = await stack.enter_async_context(
+                RpcClient(self._queue_ep, timeout=self._timeout, curve=self._client_curve))
             self.queue = QueueClient.remote(rpc)
             self.store = await stack.enter_async_context(
-                TensorStoreClient.remote(self._store_ep, timeout=self._timeout))
+                TensorStoreClient.remote(self._store_ep, timeout=self._timeout, curve=self._client_curve))
             self._stack = stack.pop_all()
         return self
 

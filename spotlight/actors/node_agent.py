@@ -34,10 +34,10 @@ import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 
 from spotlight.actors.queue_service import QueueClient
 from spotlight.comm import messages as m
+from spotlight.comm.auth import cluster_client_keys
 from spotlight.comm.transport import RpcClient
 from spotlight.errors import ActorTimeout, Preempted, SpotlightError, StaleAttempt
 
@@ -66,7 +66,8 @@ class AgentConfig:
     rpc_timeout_s: float = 10.0
     worker_start_s: float = 120.0
     keys: str | None = None
-    """Folder with this node's `node.key_secret` and the controller's `controller.key` (CURVE)."""
+    """CURVE folder: this node's `node.key_secret` and the reserved side's `controller.key`
+    (``spotlight.comm.auth.cluster_client_keys``); used for the controller, queue and store."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -117,12 +118,14 @@ class WorkerHandle:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
-    async def start(self, store: str, recipe: dict, timeout: float, rpc_timeout: float) -> None:
+    async def start(self, store: str, recipe: dict, timeout: float, rpc_timeout: float,
+                    keys: str | None = None) -> None:
         self.restarts += 1
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        args = ["--bind", self.endpoint, "--store", store, "--recipe-json", json.dumps(recipe),
+                "--worker-id", self.worker_id, *(["--keys", keys] if keys else [])]
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "spotlight.actors.worker", "--bind", self.endpoint, "--store", store,
-            "--recipe-json", json.dumps(recipe), "--worker-id", self.worker_id, stdout=asyncio.subprocess.PIPE, env=env,
+            sys.executable, "-m", "spotlight.actors.worker", *args, stdout=asyncio.subprocess.PIPE, env=env,
             start_new_session=True)  # a terminal's Ctrl-C reaches the agent only; it stops workers
         try:
             async with asyncio.timeout(timeout):
@@ -171,10 +174,11 @@ class NodeAgent:
         c = self.config
         sock_dir = tempfile.mkdtemp(prefix="spl-agent-")
         try:
-            async with RpcClient(c.controller, timeout=c.rpc_timeout_s, curve=self._curve()) as ctl:
+            curve = cluster_client_keys(c.keys) if c.keys else None
+            async with RpcClient(c.controller, timeout=c.rpc_timeout_s, curve=curve) as ctl:
                 reg = await ctl.call(m.Register(node_id=c.node_id, kind=c.kind, workers=c.workers))
                 self.lease_s, self.store, self.recipe = reg.lease_s, reg.store, reg.recipe
-                async with RpcClient(reg.queue, timeout=c.rpc_timeout_s) as qrpc:
+                async with RpcClient(reg.queue, timeout=c.rpc_timeout_s, curve=curve) as qrpc:
                     self.queue = QueueClient.remote(qrpc)
                     self.workers = [WorkerHandle(i, c.node_id, sock_dir) for i in range(c.workers)]
                     try:
@@ -234,15 +238,7 @@ class NodeAgent:
 
     async def _start(self, h: WorkerHandle) -> None:
         c = self.config
-        await h.start(self.store, self.recipe, c.worker_start_s, c.rpc_timeout_s)
-
-    def _curve(self):
-        if not self.config.keys:
-            return None
-        from spotlight.comm.auth import client_keys
-
-        keys = Path(self.config.keys)
-        return client_keys(keys / "node.key_secret", keys / "controller.key")
+        await h.start(self.store, self.recipe, c.worker_start_s, c.rpc_timeout_s, c.keys)
 
     # --- the pull loop -------------------------------------------------------------------------
     async def _slot(self, h: WorkerHandle) -> None:
@@ -264,7 +260,7 @@ class NodeAgent:
             await self._run_lease(h, lease)
 
     async def _run_lease(self, h: WorkerHandle, lease: m.LeaseGrant) -> None:
-        c, q = self.config, self.queue
+        q = self.queue
         assert q is not None and h.rpc is not None and h.proc is not None
         self.busy[h.worker_id] = lease
         try:

@@ -23,6 +23,7 @@ from typing import Any
 
 from spotlight.actors.queue import KINDS, QueueConfig, RequestQueueCore
 from spotlight.comm import messages as m
+from spotlight.comm.auth import cluster_server_keys
 from spotlight.comm.transport import RpcClient, RpcServer, shutdown_group
 from spotlight.errors import NotFound, ProtocolError, StaleAttempt
 
@@ -205,13 +206,15 @@ class QueueClient:
 
 
 # --- process entry ------------------------------------------------------------------------------
-async def serve(bind: str, config: QueueConfig) -> None:
-    """Serve a fresh queue on ``bind`` until SIGTERM or SIGINT; prints ``ready <endpoint>``."""
+async def serve(bind: str, config: QueueConfig, keys: str | None = None) -> None:
+    """Serve a fresh queue on ``bind`` until SIGTERM or SIGINT; prints ``ready <endpoint>``.
+    ``keys``: a reserved node's CURVE folder (``spotlight.comm.auth.cluster_server_keys``)."""
+    curve = cluster_server_keys(keys) if keys else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with QueueService(RequestQueueCore(config), bind=bind) as service:
+    async with QueueService(RequestQueueCore(config), bind=bind, curve=curve) as service:
         print(f"ready {service.endpoint}", flush=True)  # parents wait for this line
         await stop.wait()
     log.info("queue on %s stopped", bind)
@@ -223,10 +226,11 @@ def main(argv: list[str] | None = None) -> None:
     defaults = QueueConfig()
     parser.add_argument("--lease-s", type=float, default=defaults.lease_s)
     parser.add_argument("--max-attempts", type=int, default=defaults.max_attempts)
+    parser.add_argument("--keys", default=None, help="CURVE folder: controller.key_secret + nodes/*.key")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(args.bind, QueueConfig(lease_s=args.lease_s, max_attempts=args.max_attempts)))
+    asyncio.run(serve(args.bind, QueueConfig(lease_s=args.lease_s, max_attempts=args.max_attempts), args.keys))
 
 
 if __name__ == "__main__":

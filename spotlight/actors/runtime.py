@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from spotlight.actors.controller import BackgroundLoop, Controller, ControllerCore, RuntimeExecutor
+from spotlight.comm.auth import cluster_client_keys, cluster_server_keys
 from spotlight.errors import ActorTimeout, SpotlightError
 from spotlight.recipe import Recipe
 
@@ -132,27 +133,23 @@ class LocalRuntime:
 
             resolve_checkpoint(self.recipe.model.checkpoint)
         py = [sys.executable, "-m"]
+        # CURVE: every service serves with the reserved key pair; every local client uses it too.
+        keys = ["--keys", str(self.curve_keys)] if self.curve_keys else []
+        curve = cluster_server_keys(self.curve_keys) if self.curve_keys else None
+        client_curve = cluster_client_keys(self.curve_keys) if self.curve_keys else None
         queue = self._spawn("queue", [*py, "spotlight.actors.queue", "--bind", self._bind("queue"),
-                                      "--lease-s", str(self.lease_s)], "ready ", self.services)
-        store = self._spawn("store", [*py, "spotlight.actors.tensor_store", "--bind", self._bind("store")],
+                                      "--lease-s", str(self.lease_s), *keys], "ready ", self.services)
+        store = self._spawn("store", [*py, "spotlight.actors.tensor_store", "--bind", self._bind("store"), *keys],
                             "tensor store ready on ", self.services)
         core = ControllerCore(self.recipe, self._advertised(queue), self._advertised(store), self.lease_s)
-        curve = None
-        if self.curve_keys:
-            from spotlight.comm.auth import server_keys
-
-            keys = Path(self.curve_keys)
-            curve = server_keys(keys / "controller.key_secret", keys / "nodes")
         bind = self._bind("controller", self.controller_port)
-        self.bg = BackgroundLoop(lambda: Controller(core, bind=bind, queue=queue, store=store, curve=curve))
+        self.bg = BackgroundLoop(lambda: Controller(core, bind=bind, queue=queue, store=store, curve=curve,
+                                                    client_curve=client_curve))
         self.controller = self.bg.value
         self.endpoint = self._advertised(self.controller.endpoint)
-        # The local agents reach the controller over loopback (no CURVE keys needed for them
-        # only when the controller runs without CURVE; with keys they need a node key too).
+        # The local agents reach the controller over loopback, with the reserved keys when given.
         local = self.controller.endpoint.replace("0.0.0.0", "127.0.0.1")
-        agent = [*py, "spotlight.actors.node_agent", "--controller", local]
-        if self.curve_keys:
-            agent += ["--keys", str(self.curve_keys)]
+        agent = [*py, "spotlight.actors.node_agent", "--controller", local, *keys]
         plan = [("reserved", self.reserved_workers), ("spot", self.spot_workers)]
         for kind, n in plan:  # start all agents first: their workers load the model in parallel
             if n > 0:

@@ -32,6 +32,7 @@ from spotlight.actors.store_service import StoreHandlers, host_id
 from spotlight.actors.store_shm import ClientMappings
 from spotlight.actors.tensor_store import Tensors, TensorStoreCore
 from spotlight.comm import messages as m
+from spotlight.comm.auth import CurveClientKeys
 from spotlight.comm.transport import RpcClient
 from spotlight.errors import CapacityError, ProtocolError, RemoteError
 
@@ -78,9 +79,10 @@ class TensorStoreClient:
 
     @classmethod
     def remote(cls, endpoint: str, *, timeout: float = 30.0, shm: bool | None = None,
-               **kw: Any) -> TensorStoreClient:
-        """``shm``: None = use shared memory when the store turns out to be on this machine."""
-        return cls(rpc=RpcClient(endpoint, timeout=timeout), shm=shm, timeout=timeout, **kw)
+               curve: CurveClientKeys | None = None, **kw: Any) -> TensorStoreClient:
+        """``shm``: None = use shared memory when the store turns out to be on this machine.
+        ``curve``: client keys when the store serves with CURVE."""
+        return cls(rpc=RpcClient(endpoint, timeout=timeout, curve=curve), shm=shm, timeout=timeout, **kw)
 
     @property
     def uses_shm(self) -> bool:

@@ -29,6 +29,7 @@ import numpy as np
 from spotlight.actors import store_shm
 from spotlight.actors.tensor_store import TensorStoreConfig, TensorStoreCore
 from spotlight.comm import messages as m
+from spotlight.comm.auth import CurveServerKeys, cluster_server_keys
 from spotlight.comm.transport import RpcServer
 from spotlight.errors import ProtocolError, RemoteError, SpotlightError
 
@@ -202,12 +203,13 @@ class TensorStoreService:
     """
 
     def __init__(self, bind: str, config: TensorStoreConfig | None = None, *, shm: bool = True,
-                 shm_pool_bytes: int = 1 << 30, shm_min_bytes: int = SHM_MIN_BYTES) -> None:
+                 shm_pool_bytes: int = 1 << 30, shm_min_bytes: int = SHM_MIN_BYTES,
+                 curve: CurveServerKeys | None = None) -> None:
         self.core = TensorStoreCore(config)
         store_shm.sweep_dead()  # segments of an earlier store on this machine that was SIGKILLed
         self.segments = store_shm.ServiceSegments(shm_pool_bytes) if shm else None
         self.handlers = StoreHandlers(self.core, self.segments, shm_min_bytes)
-        self._server = RpcServer(self.handlers.table(), bind=bind)
+        self._server = RpcServer(self.handlers.table(), bind=bind, curve=curve)
         self.endpoint = ""
 
     async def __aenter__(self) -> TensorStoreService:
@@ -243,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-bytes", type=int, default=TensorStoreConfig().max_bytes)
     parser.add_argument("--keep-versions", type=int, default=TensorStoreConfig().keep_versions)
     parser.add_argument("--no-shm", action="store_true", help="disable the shared-memory path")
+    parser.add_argument("--keys", default=None, help="CURVE folder: controller.key_secret + nodes/*.key")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
@@ -256,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         try:
-            await TensorStoreService(args.bind, config, shm=not args.no_shm).serve_until(stop)
+            curve = cluster_server_keys(args.keys) if args.keys else None
+            await TensorStoreService(args.bind, config, shm=not args.no_shm, curve=curve).serve_until(stop)
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)

@@ -40,6 +40,7 @@ import torch
 
 from spotlight.actors.store_client import TensorStoreClient
 from spotlight.comm import messages as m
+from spotlight.comm.auth import cluster_client_keys
 from spotlight.comm.transport import RpcServer
 from spotlight.errors import Preempted, ProtocolError
 from spotlight.recipe import Recipe, load_recipe
@@ -227,12 +228,14 @@ def worker_handlers(core: WorkerCore) -> dict[type[m.Message], Any]:
             m.WorkerStop: lambda msg: core.stop()}
 
 
-async def serve(bind: str, store: str, recipe: Recipe, worker_id: str, step_delay_s: float = 0.0) -> None:
+async def serve(bind: str, store: str, recipe: Recipe, worker_id: str, step_delay_s: float = 0.0,
+                keys: str | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with TensorStoreClient.remote(store) as client:
+    curve = cluster_client_keys(keys) if keys else None
+    async with TensorStoreClient.remote(store, curve=curve) as client:
         core = WorkerCore(recipe, client, worker_id=worker_id, step_delay_s=step_delay_s)
         try:
             async with RpcServer(worker_handlers(core), bind=bind) as server:
@@ -252,13 +255,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", required=True, help="tensor store endpoint")
     parser.add_argument("--recipe-json", required=True, help="the run's recipe as JSON (Recipe.to_dict())")
     parser.add_argument("--worker-id", default="worker")
+    parser.add_argument("--keys", default=None, help="the node's CURVE folder (for the tensor store)")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     die_with_parent()
     delay = float(os.environ.get("SPOTLIGHT_WORKER_STEP_DELAY_S", "0"))  # fault injection (tests)
     torch.set_num_threads(1)  # one worker = one device; on CPU, one core's worth
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(args.bind, args.store, load_recipe(json.loads(args.recipe_json)), args.worker_id, delay))
+    asyncio.run(serve(args.bind, args.store, load_recipe(json.loads(args.recipe_json)), args.worker_id, delay,
+                      args.keys))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,18 @@ public key (shareable), ``NAME.key_secret`` the public + secret key (mode 0600).
 given its secret file and a folder of the public key files of the clients it accepts; a client
 is given its secret file and the server's public file.
 
+A cluster uses one folder of keys per node (``cluster_server_keys`` / ``cluster_client_keys``):
+
+    reserved node  DIR/controller.key_secret   the reserved side's identity: the controller, the
+                                               request queue and the tensor store all serve with it
+                   DIR/nodes/*.key             public keys of the nodes allowed to connect
+    spot node      DIR/node.key_secret         this node's key pair (its .key goes in the
+                                               reserved node's nodes/ folder)
+                   DIR/controller.key          the reserved side's public key
+
+The reserved side's own clients (the controller's queue/store clients, the reserved node agent
+and its workers) use the reserved key pair, which every reserved service also accepts.
+
 This module knows key files and key sets; the transport (``spotlight.comm.transport``) applies
 them to sockets. It knows nothing of messages.
 """
@@ -66,7 +78,7 @@ def generate_keypair(directory: str | os.PathLike, name: str) -> tuple[Path, Pat
 def keys_main(out_dir: str, name: str) -> tuple[Path, Path]:
     """Entry for ``spotlight keys``: make a key pair, print where it went, return the paths."""
     public, secret = generate_keypair(out_dir, name)
-    print(f"public key: {public}\nsecret key: {secret} (keep private)")
+    print(f"public key: {public}\nsecret key: {secret}  (keep it on this node only)")
     return public, secret
 
 
@@ -102,6 +114,35 @@ def client_keys(secret_file: str | os.PathLike,
     public, secret = load_keypair(secret_file)
     return CurveClientKeys(public=public, secret=secret,
                            server_public=load_public_key(server_public_file))
+
+
+SERVER_SECRET, SERVER_PUBLIC, NODE_SECRET, CLIENTS_DIR = (
+    "controller.key_secret", "controller.key", "node.key_secret", "nodes")
+
+
+def cluster_server_keys(directory: str | os.PathLike) -> CurveServerKeys:
+    """Server keys of every reserved service: DIR/controller.key_secret, accepting the keys in
+    DIR/nodes/ and the reserved side's own pair."""
+    folder = Path(directory)
+    keys = server_keys(folder / SERVER_SECRET, folder / CLIENTS_DIR)
+    return CurveServerKeys(public=keys.public, secret=keys.secret,
+                           allowed_clients=keys.allowed_clients | {keys.public})
+
+
+def cluster_client_keys(directory: str | os.PathLike) -> CurveClientKeys:
+    """Client keys for a node's sockets to the reserved services: DIR/node.key_secret (a spot
+    node) or DIR/controller.key_secret (the reserved node), and the reserved public key."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise NotFound(f"keys folder {folder} does not exist")
+    secret = folder / NODE_SECRET
+    if not secret.is_file():
+        secret = folder / SERVER_SECRET
+        if not secret.is_file():
+            raise NotFound(f"keys folder {folder} holds neither {NODE_SECRET} (a spot node) nor "
+                           f"{SERVER_SECRET} (the reserved node); make one with `spotlight keys`")
+    server = folder / SERVER_PUBLIC
+    return client_keys(secret, server if server.is_file() else folder / SERVER_SECRET)
 
 
 def _load(path: str | os.PathLike) -> tuple[bytes, bytes | None]:

@@ -12,7 +12,7 @@ Models know nothing of RL, actors, queues or parallelism.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch

@@ -1,0 +1,135 @@
+"""CURVE on every reserved socket: the queue and tensor-store processes and the controller serve
+with the reserved key pair; a node with a listed key is served, a node with an unlisted key (or
+none) is refused by each of them and they keep serving. End to end: a spot agent holding only
+its own key folder joins a TCP runtime and runs a rollout through all three sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from spotlight.actors.controller import ControllerCore, controller_handlers
+from spotlight.actors.runtime import LocalRuntime, alive
+from spotlight.actors.worker import build_policy_model
+from spotlight.comm import messages as m
+from spotlight.comm.auth import cluster_client_keys, cluster_server_keys, generate_keypair
+from spotlight.comm.transport import RpcClient, RpcServer
+from spotlight.errors import ActorTimeout, NotFound
+from spotlight.recipe import load_recipe
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16", "model.image_size=16",
+        "model.patch=4", "sampler.steps=3", "run.group_size=4", "explore.candidates=4"]
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> dict[str, Path]:
+    """A reserved folder, a listed spot node's folder, an unlisted node's folder."""
+    reserved, good, bad = tmp_path / "reserved", tmp_path / "spot", tmp_path / "intruder"
+    pub, _ = generate_keypair(reserved, "controller")
+    node_pub, _ = generate_keypair(good, "node")
+    (reserved / "nodes").mkdir()
+    shutil.copy(node_pub, reserved / "nodes" / "spot-1.key")  # the operator lists the node
+    generate_keypair(bad, "node")  # never listed
+    for folder in (good, bad):
+        shutil.copy(pub, folder / "controller.key")
+    return {"reserved": reserved, "good": good, "bad": bad}
+
+
+async def _spawn(module: str, ready: str, *args: str) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", module, *args,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(30):
+        line = (await proc.stdout.readline()).decode()
+    assert line.startswith(ready), (line, await proc.stderr.read())
+    return proc, line.split()[-1]
+
+
+@pytest.fixture
+async def services(keys: dict[str, Path], tmp_path: Path) -> AsyncIterator[dict[str, str]]:
+    reserved = str(keys["reserved"])
+    queue, q_ep = await _spawn("spotlight.actors.queue", "ready ", "--bind", "tcp://127.0.0.1:0", "--keys", reserved)
+    store, s_ep = await _spawn("spotlight.actors.tensor_store", "tensor store ready on ",
+                               "--bind", "tcp://127.0.0.1:0", "--keys", reserved)
+    core = ControllerCore(load_recipe("tiny", TINY), q_ep, s_ep, lease_s=5.0)
+    try:
+        async with RpcServer(controller_handlers(core), bind="tcp://127.0.0.1:0",
+                             curve=cluster_server_keys(reserved)) as controller:
+            yield {"queue": q_ep, "store": s_ep, "controller": controller.endpoint}
+    finally:
+        for proc in (queue, store):
+            proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(10):
+                assert await proc.wait() == 0
+
+
+# One harmless request per socket: each answers it with a typed reply.
+PROBES = {"queue": (m.QueueStats(), m.QueueStatsReply),
+          "store": (m.ListKeys(prefix=""), m.KeyList),
+          "controller": (m.Register(node_id="probe", kind="spot", workers=1), m.Registered)}
+
+
+@pytest.mark.parametrize("socket", sorted(PROBES))
+async def test_each_reserved_socket_serves_listed_keys_and_refuses_others(services, keys, socket) -> None:
+    endpoint, (probe, reply_type) = services[socket], PROBES[socket]
+    async with RpcClient(endpoint, timeout=5, curve=cluster_client_keys(keys["good"])) as node:
+        assert isinstance(await node.call(probe), reply_type)
+    for curve in (cluster_client_keys(keys["bad"]), None):  # unlisted key; no key at all
+        async with RpcClient(endpoint, timeout=0.5, curve=curve) as intruder:
+            with pytest.raises(ActorTimeout):  # the handshake fails: no request reaches a handler
+                await intruder.call(probe)
+    async with RpcClient(endpoint, timeout=5, curve=cluster_client_keys(keys["reserved"])) as own:
+        assert isinstance(await own.call(probe), reply_type)  # the reserved side's own clients
+
+
+def test_key_folder_errors_name_the_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(NotFound, match="does not exist"):
+        cluster_client_keys(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NotFound, match="node.key_secret"):
+        cluster_client_keys(tmp_path / "empty")
+    with pytest.raises(NotFound, match="controller.key_secret"):
+        cluster_server_keys(tmp_path / "empty")
+
+
+def test_spot_agent_with_its_own_keys_runs_a_rollout_over_tcp(keys, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    recipe = load_recipe("tiny", [*TINY, f'run.out_dir="{tmp_path}"'])
+    torch.manual_seed(0)
+    weights = {k: v.numpy() for k, v in build_policy_model(recipe).state_dict().items()}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with LocalRuntime(recipe, transport="tcp", curve_keys=str(keys["reserved"]), reserved_workers=0,
+                      spot_workers=0) as rt:
+        rt.call(rt.store.publish_weights(0, weights))
+        agent = subprocess.Popen([sys.executable, "-m", "spotlight.actors.node_agent", "--controller", rt.endpoint,
+                                  "--keys", str(keys["good"]), "--node-id", "spot-1"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        try:
+            assert agent.stdout is not None
+            line = agent.stdout.readline().decode()  # bounded by the module timeout
+            assert line.startswith("agent ready spot-1"), (line, agent.stderr.read().decode()[-2000:])
+            rt.call(rt.queue.submit([{"request_id": "r0", "kind": "rollout", "iteration": 0,
+                                      "payload": {"prompt": "a red circle", "seeds": [1, 2, 3, 4], "version": 0}}]))
+            done = rt.call(rt.queue.wait_iteration(0, 60), timeout=90)
+            (result,) = done.results
+            traj, meta = rt.call(rt.store.get(result["key"]))
+            assert meta["worker"] == "spot-1/w0" and traj["latents"].shape == (4, 4, 3, 16, 16)
+            assert np.isfinite(traj["rewards"]).all()
+            assert "spot-1" in rt.controller.core.nodes
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            assert agent.wait(10) == 0
+        assert "spot-1" not in rt.controller.core.nodes  # it deregistered (answered) before it exited
+        pids = rt.pids()
+    assert [p for p in pids if alive(p)] == []
