@@ -160,12 +160,19 @@ class RuntimeExecutor:
         self.version = -1
         self.timings: list[dict[str, Any]] = []
         """Per batch: kind, wall_s (submit to results read), worker_s (summed time inside workers)."""
+        self._cleanup: concurrent.futures.Future | None = None  # deletes of the last trajectories
         self.publish(version)
+
+    def _finish_cleanup(self) -> None:
+        if self._cleanup is not None:
+            cleanup, self._cleanup = self._cleanup, None
+            cleanup.result(60.0)
 
     def _run(self, coro: Coroutine, extra_s: float = 0.0) -> Any:
         return self.bg.call(coro, timeout=60.0 + extra_s)
 
     def _submit_and_wait(self, kind: str, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self._finish_cleanup()
         batch, self._batch = self._batch, self._batch + 1
         requests = [{"request_id": f"{kind}/{batch}/{i}", "kind": kind, "iteration": batch, "payload": p}
                     for i, p in enumerate(payloads)]
@@ -193,17 +200,24 @@ class RuntimeExecutor:
             {"prompt": j.prompt, "seeds": list(j.seeds), "version": self.version, "init_seed": j.init_seed}
             for j in jobs])
 
+        keys = [r["key"] for r in results]
+
         async def fetch() -> list[dict[str, np.ndarray]]:
-            trajs = await asyncio.gather(*(self.store.get(r["key"]) for r in results))
-            await asyncio.gather(*(self.store.delete(r["key"]) for r in results))
-            return [t for t, _ in trajs]
+            return [t for t, _ in await asyncio.gather(*(self.store.get(k) for k in keys))]
+
+        async def free() -> None:
+            await asyncio.gather(*(self.store.delete(k) for k in keys))
 
         trajs = self._run(fetch())
+        # Freeing them is nobody's wait: it runs while the trainer trains, and is awaited
+        # (errors raised) before the next batch.
+        self._cleanup = asyncio.run_coroutine_threadsafe(free(), self.bg.loop)
         self.timings[-1]["wall_s"] = time.perf_counter() - self.timings[-1]["t0"]  # reading them is overhead too
         groups = []
         for job, traj in zip(jobs, trajs, strict=True):
-            own = {k: torch.from_numpy(np.array(v)) for k, v in traj.items()}  # writable copies
-            groups.append(Group(job.prompt, list(job.seeds), own["latents"], own["log_probs"], own["rewards"]))
+            # Stored step-major (as committed); the trainer wants [G, steps, ...]: writable copies.
+            lat, lps = (torch.from_numpy(np.ascontiguousarray(traj[k].swapaxes(0, 1))) for k in ("latents", "log_probs"))
+            groups.append(Group(job.prompt, list(job.seeds), lat, lps, torch.from_numpy(np.array(traj["rewards"]))))
         return groups
 
     def publish(self, version: int) -> None:

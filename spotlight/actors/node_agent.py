@@ -244,22 +244,33 @@ class NodeAgent:
     async def _slot(self, h: WorkerHandle) -> None:
         c, q = self.config, self.queue
         assert q is not None
-        while not self.leaving.is_set():
-            if not h.alive:
-                await h.stop(0.0)
-                self.stats["worker_deaths"] += 1
-                log.warning("%s died (exit %s); restarting", h.worker_id, h.proc.returncode if h.proc else None)
-                await self._start(h)
-                continue
-            lease = await q.pull(h.worker_id, ["rollout", "explore"], max_wait_s=c.pull_wait_s)
-            if lease is None:
-                continue
-            if self.leaving.is_set():
-                await self._release(h, lease)
-                return
-            await self._run_lease(h, lease)
+        # Owns this slot's completes: each overlaps the next pull (one round trip per request saved).
+        async with asyncio.TaskGroup() as completes:
+            while not self.leaving.is_set():
+                if not h.alive:
+                    await h.stop(0.0)
+                    self.stats["worker_deaths"] += 1
+                    log.warning("%s died (exit %s); restarting", h.worker_id, h.proc.returncode if h.proc else None)
+                    await self._start(h)
+                    continue
+                lease = await q.pull(h.worker_id, ["rollout", "explore"], max_wait_s=c.pull_wait_s)
+                if lease is None:
+                    continue
+                if self.leaving.is_set():
+                    await self._release(h, lease)
+                    return
+                await self._run_lease(h, lease, completes)
 
-    async def _run_lease(self, h: WorkerHandle, lease: m.LeaseGrant) -> None:
+    async def _complete(self, h: WorkerHandle, lease: m.LeaseGrant, result: dict) -> None:
+        assert self.queue is not None
+        try:
+            await self.queue.complete(lease.request_id, lease.attempt, h.worker_id, result)
+            self.stats["completed"] += 1
+        except StaleAttempt as e:  # fenced: another attempt owns it now
+            self.stats["stale"] += 1
+            log.info("%s", e)
+
+    async def _run_lease(self, h: WorkerHandle, lease: m.LeaseGrant, completes: asyncio.TaskGroup) -> None:
         q = self.queue
         assert q is not None and h.rpc is not None and h.proc is not None
         self.busy[h.worker_id] = lease
@@ -278,12 +289,7 @@ class NodeAgent:
                 died.cancel()
             outcome, value = run.result()
             if outcome == "ok":
-                try:
-                    await q.complete(lease.request_id, lease.attempt, h.worker_id, value.result)
-                    self.stats["completed"] += 1
-                except StaleAttempt as e:  # fenced: another attempt owns it now
-                    self.stats["stale"] += 1
-                    log.info("%s", e)
+                completes.create_task(self._complete(h, lease, value.result))
             elif outcome == "preempted":
                 await self._release(h, lease)
             else:

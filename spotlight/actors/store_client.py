@@ -11,8 +11,9 @@ service (``ShmLend``), copies into it once, and the service adopts it without co
 out once and check the segment's generation. The service owns every segment (see ``store_shm``).
 
 Commits. ``commit_nowait`` returns at once; an owned flusher task sends pending commits in order.
-Pending commits of one request coalesce (the store keeps only the newest step anyway), so a
-worker committing every step never waits on the network. At most ``max_pending`` requests may
+Pending commits of one request coalesce (a full commit replaces what is pending; an append
+(``base=``) extends it, rows concatenated), so a worker committing every step never waits on the
+network and never sends a step twice. At most ``max_pending`` requests may
 have a commit pending; beyond that ``commit_nowait`` raises ``CapacityError`` (await ``flush``).
 A failed background commit is raised by the next ``commit_nowait`` or ``flush``.
 ``commit_nowait`` takes ownership of the arrays: do not write into them afterwards.
@@ -214,14 +215,15 @@ class TensorStoreClient:
 
     # --- commits -------------------------------------------------------------------------------
     async def commit(self, request_id: str, step: int, tensors: dict[str, Any],
-                     meta: dict | None = None, *, attempt: int = 0) -> None:
+                     meta: dict | None = None, *, attempt: int = 0, base: int | None = None) -> None:
         """Commit and wait for the store to hold it (in order after pending background commits)."""
-        self.commit_nowait(request_id, step, tensors, meta, attempt=attempt)
+        self.commit_nowait(request_id, step, tensors, meta, attempt=attempt, base=base)
         await self.flush()
 
     def commit_nowait(self, request_id: str, step: int, tensors: dict[str, Any],
-                      meta: dict | None = None, *, attempt: int = 0) -> None:
-        """Queue a commit for the flusher and return at once (never blocks)."""
+                      meta: dict | None = None, *, attempt: int = 0, base: int | None = None) -> None:
+        """Queue a commit for the flusher and return at once (never blocks). ``base``: this
+        commit holds only the rows added since the commit at step ``base`` (see the store)."""
         self._raise_background_error()
         if self._flusher is None:
             raise RuntimeError("TensorStoreClient is not open (use 'async with')")
@@ -229,10 +231,17 @@ class TensorStoreClient:
         if held is None and len(self._pending) >= self.max_pending:
             raise CapacityError(f"{len(self._pending)} commits pending (max_pending "
                                 f"{self.max_pending}); await flush() before committing more")
-        if held is not None and held.step > step:
-            return  # an older step than one already queued: the store would ignore it anyway
+        arrays, meta = _numpy(tensors), dict(meta or {})
+        if held is not None and (held.step > step or (held.step == step and base is not None)):
+            return  # not newer than one already queued: the store would ignore it anyway
+        if held is not None and base is not None:
+            if base != held.step or arrays.keys() != held.tensors.keys():
+                raise ValueError(f"append to {request_id!r} at step {base}, but step {held.step} is pending")
+            # Extend the pending commit: it now reaches `step`, built on what it was built on.
+            arrays = {k: np.concatenate([held.tensors[k], a]) for k, a in arrays.items()}
+            base = held.base
         self._pending[request_id] = m.Commit(request_id=request_id, attempt=attempt, step=step,
-                                             tensors=_numpy(tensors), meta=dict(meta or {}))
+                                             tensors=arrays, meta=meta, base=base)
         self._idle.clear()
         self._wake.set()
 
@@ -257,9 +266,10 @@ class TensorStoreClient:
                     await self._write(
                         c.tensors, lambda t, c=c: m.Commit(request_id=c.request_id,
                                                            attempt=c.attempt, step=c.step,
-                                                           tensors=t, meta=c.meta),
+                                                           tensors=t, meta=c.meta, base=c.base),
                         lambda t, r, c=c: m.ShmCommit(request_id=c.request_id, attempt=c.attempt,
-                                                      step=c.step, tensors=t, refs=r, meta=c.meta))
+                                                      step=c.step, tensors=t, refs=r, meta=c.meta,
+                                                      base=c.base))
                 except Exception as e:  # kept for the caller's next call; the first one wins
                     log.warning("background commit of %s step %d failed: %s",
                                 c.request_id, c.step, e)
@@ -276,6 +286,13 @@ class TensorStoreClient:
 
     async def drop_commit(self, request_id: str) -> None:
         await self._call(m.DropCommit(request_id=request_id))
+
+    async def seal_commit(self, request_id: str, key: str, tensors: dict[str, Any] | None = None,
+                          meta: dict | None = None) -> None:
+        """Flush, then make the request's commit the entry ``key`` (plus ``tensors``)."""
+        await self.flush()
+        await self._call(m.SealCommit(request_id=request_id, key=key, tensors=self._owned(tensors or {}),
+                                      meta=dict(meta or {})))
 
     # --- weights -------------------------------------------------------------------------------
     async def publish_weights(self, version: int, tensors: dict[str, Any]) -> None:

@@ -75,7 +75,7 @@ class StoreHandlers:
     def table(self) -> dict[type[m.Message], Any]:
         table: dict[type[m.Message], Any] = {
             m.Put: self.put, m.Get: self.get, m.Delete: self.delete, m.Commit: self.commit,
-            m.GetCommit: self.get_commit, m.DropCommit: self.drop_commit,
+            m.GetCommit: self.get_commit, m.DropCommit: self.drop_commit, m.SealCommit: self.seal_commit,
             m.PublishWeights: self.publish, m.GetWeights: self.get_weights,
             m.LatestVersion: self.latest, m.ListKeys: self.list_keys,
         }
@@ -99,7 +99,12 @@ class StoreHandlers:
         return m.Ok()
 
     def commit(self, msg: m.Commit) -> m.Message:
-        self.core.commit(msg.request_id, msg.step, msg.tensors, {**msg.meta, "attempt": msg.attempt})
+        self.core.commit(msg.request_id, msg.step, msg.tensors, {**msg.meta, "attempt": msg.attempt},
+                         base=msg.base)
+        return m.Ok()
+
+    def seal_commit(self, msg: m.SealCommit) -> m.Message:
+        self.core.seal_commit(msg.request_id, msg.key, msg.tensors, msg.meta)
         return m.Ok()
 
     def get_commit(self, msg: m.GetCommit) -> m.Message:
@@ -166,7 +171,8 @@ class StoreHandlers:
 
     def shm_commit(self, msg: m.ShmCommit) -> m.Message:
         tensors = self._adopt(msg.tensors, msg.refs)
-        self.core.commit(msg.request_id, msg.step, tensors, {**msg.meta, "attempt": msg.attempt})
+        self.core.commit(msg.request_id, msg.step, tensors, {**msg.meta, "attempt": msg.attempt},
+                         base=msg.base)
         return m.Ok()
 
     def shm_publish(self, msg: m.ShmPublish) -> m.Message:

@@ -7,10 +7,13 @@ knowledge of the wire; the process shell and the client live in ``store_service.
 three namespaces:
 
 * **keys** — ``put``/``get``/``delete``/``keys``: arbitrary named tensor bundles (trajectories…).
-* **commits** — ``commit``/``get_commit``/``drop_commit``: the newest rollout state of a request,
-  kept under the key ``f"commit/{request_id}"`` so it also shows in ``keys("commit/")``. Commits
-  may arrive out of order (two attempts of a request, retries), so an older step never replaces a
-  newer one.
+* **commits** — ``commit``/``get_commit``/``drop_commit``/``seal_commit``: the newest rollout
+  state of a request, kept under the key ``f"commit/{request_id}"`` so it also shows in
+  ``keys("commit/")``. Commits may arrive out of order (two attempts of a request, retries), so an
+  older step never replaces a newer one. A commit is either *full* (the whole state) or an
+  *append* onto the held commit at step ``base`` (only the new rows of each tensor, concatenated
+  along axis 0 on read), so a K-step rollout sends O(K) bytes, not O(K²). ``seal_commit`` turns
+  the final commit into a keyed entry (the trajectory) without sending it again.
 * **weights** — ``publish_weights``/``get_weights``/``latest_version``: immutable, strictly
   increasing versions; only the newest ``keep_versions`` plus pinned ones are held.
 
@@ -92,6 +95,20 @@ class _Entry:
     meta: dict
     nbytes: int
     step: int | None = None  # set for commits only
+    rows: dict[str, list[np.ndarray]] | None = None  # a commit's appended row blocks, not yet joined
+
+    def joined(self) -> Tensors:
+        """The tensors with appended rows concatenated (done once, on read)."""
+        if self.rows:
+            self.tensors = {name: _readonly(np.concatenate([self.tensors[name], *self.rows[name]]))
+                            for name in self.tensors}
+            self.rows = None
+        return self.tensors
+
+
+def _readonly(arr: np.ndarray) -> np.ndarray:
+    arr.flags.writeable = False
+    return arr
 
 
 class TensorStoreCore:
@@ -146,7 +163,7 @@ class TensorStoreCore:
         entry = self._entries.get(_check_key(key))
         if entry is None:
             raise NotFound(f"no tensors under key {key!r}")
-        return dict(entry.tensors), dict(entry.meta)
+        return dict(entry.joined()), dict(entry.meta)
 
     def delete(self, key: str) -> bool:
         """Free ``key``; returns False if it did not exist (deleting is idempotent)."""
@@ -170,23 +187,52 @@ class TensorStoreCore:
         return COMMIT_PREFIX + _check_key(request_id)
 
     def commit(
-        self, request_id: str, step: int, tensors: Mapping[str, np.ndarray], meta: dict | None = None
+        self, request_id: str, step: int, tensors: Mapping[str, np.ndarray], meta: dict | None = None,
+        *, base: int | None = None,
     ) -> bool:
-        """Keep this commit if ``step`` is not older than the held one; returns whether it was kept.
+        """Keep this commit if ``step`` is newer than the held one; returns whether it was kept.
 
-        A commit at the same step replaces the held one (a retried write is idempotent); an older
-        step is a late arrival and is ignored without touching the cap.
+        Full commit (``base`` None): the whole state; one at the same step as the held one
+        replaces it (a retried write is idempotent). Append (``base`` = the step it builds on):
+        each tensor's rows are added after the held commit's, which must be at step ``base``
+        and hold the same tensor names. A commit at a step not newer than the held one is a
+        late arrival (another attempt got there first; attempts compute the same states) and is
+        ignored without touching the cap. An append with nothing to build on raises NotFound.
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         key = self.commit_key(request_id)
         old = self._entries.get(key)
-        if old is not None and old.step is not None and step < old.step:
+        if base is None:
+            if old is not None and old.step is not None and step < old.step:
+                return False
+            frozen = _frozen(tensors)
+            size = _nbytes(frozen)
+            self._reserve(f"commit {request_id!r} step {step}", size, old.nbytes if old else 0)
+            self._replace(key, _Entry(frozen, dict(meta or {}), size, step))
+            return True
+        if not isinstance(base, int) or isinstance(base, bool) or not 0 <= base < step:
+            raise ValueError(f"append base must be an int in [0, step={step}), got {base!r}")
+        if old is not None and old.step is not None and step <= old.step:
             return False
+        if old is None or old.step != base:
+            held = "none" if old is None else f"step {old.step}"
+            raise NotFound(f"append to commit {request_id!r} at step {base}, but the store holds {held}")
         frozen = _frozen(tensors)
+        if frozen.keys() != old.tensors.keys():
+            raise ValueError(f"append to commit {request_id!r}: tensors {sorted(frozen)} do not match "
+                             f"the held {sorted(old.tensors)}")
+        for name, arr in frozen.items():
+            held_arr = old.tensors[name]
+            if arr.dtype != held_arr.dtype or arr.shape[1:] != held_arr.shape[1:] or arr.ndim == 0:
+                raise ValueError(f"append to commit {request_id!r}: {name!r} rows {arr.dtype}{list(arr.shape)} "
+                                 f"do not extend {held_arr.dtype}{list(held_arr.shape)}")
         size = _nbytes(frozen)
-        self._reserve(f"commit {request_id!r} step {step}", size, old.nbytes if old else 0)
-        self._replace(key, _Entry(frozen, dict(meta or {}), size, step))
+        self._reserve(f"commit {request_id!r} step {step}", size)
+        rows = old.rows if old.rows is not None else {name: [] for name in old.tensors}
+        for name, arr in frozen.items():
+            rows[name].append(arr)
+        self._replace(key, _Entry(old.tensors, dict(meta or {}), old.nbytes + size, step, rows))
         return True
 
     def get_commit(self, request_id: str) -> tuple[int, Tensors, dict] | None:
@@ -195,7 +241,33 @@ class TensorStoreCore:
         if entry is None:
             return None
         assert entry.step is not None
-        return entry.step, dict(entry.tensors), dict(entry.meta)
+        return entry.step, dict(entry.joined()), dict(entry.meta)
+
+    def seal_commit(self, request_id: str, key: str, tensors: Mapping[str, np.ndarray] | None = None,
+                    meta: dict | None = None) -> int:
+        """Move a request's commit to ``key`` (its final result, e.g. the trajectory), adding
+        ``tensors`` (e.g. rewards) and replacing its meta by ``meta``; returns the sealed step.
+        Nothing is copied but the joining of appended rows."""
+        entry = self._entries.get(self.commit_key(request_id))
+        if entry is None:
+            raise NotFound(f"no commit of {request_id!r} to seal")
+        extra = _frozen(tensors or {})
+        clash = extra.keys() & entry.tensors.keys()
+        if clash:
+            raise ValueError(f"seal of {request_id!r}: tensors {sorted(clash)} are already in the commit")
+        _check_key(key)
+        if key.startswith(COMMIT_PREFIX):
+            raise ValueError(f"seal of {request_id!r}: key {key!r} is in the commit namespace")
+        size = _nbytes(extra)
+        old = self._entries.get(key)
+        self._reserve(f"seal {request_id!r} as {key!r}", size, old.nbytes if old else 0)
+        step = entry.step
+        assert step is not None
+        joined = {**entry.joined(), **extra}
+        del self._entries[self.commit_key(request_id)]
+        self._bytes -= entry.nbytes
+        self._replace(key, _Entry(joined, dict(meta or {}), entry.nbytes + size))
+        return step
 
     def drop_commit(self, request_id: str) -> bool:
         """Free a request's commit (its result was accepted). Returns False if none was held."""

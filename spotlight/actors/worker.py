@@ -6,12 +6,15 @@
   ``commit_nowait``; the step then yields once to the event loop so the flusher hands the state
   to ZeroMQ, whose I/O thread transmits it while the next step computes. (The math runs on the
   loop's thread: a separate compute thread fought the loop for the GIL and cost 6-10 ms per
-  rollout request on the tiny model.) Status and stop messages are answered between steps. A
-  re-delivered request (attempt > 1 or a resume reference) resumes from the store's newest
-  commit; the sampler's counter-based noise makes the result bit-identical to an uninterrupted
-  run. At the end it scores the sample, writes the trajectory (latents [G, K+1, C, H, W],
-  log_probs [G, K], rewards [G]) under ``traj/<request_id>`` and drops the commit. An exploration
-  request is one ``sampler.sample`` + reward; its rewards travel in the result.
+  rollout request on the tiny model.) An attempt's first commit carries the whole state, every
+  later one only the new step's latent and log-prob, appended in the store (O(K) bytes per
+  request, not O(K²)). Status and stop messages are answered between steps. A re-delivered
+  request (attempt > 1 or a resume reference) resumes from the store's newest commit; the
+  sampler's counter-based noise makes the result bit-identical to an uninterrupted run. At the
+  end it scores the sample and seals the final commit as the trajectory under
+  ``traj/<request_id>``: latents [K+1, G, C, H, W] and log_probs [K, G] (step-major, as
+  committed) plus rewards [G]. An exploration request is one ``sampler.sample`` + reward; its
+  rewards travel in the result.
 - ``serve`` / ``main``: the process shell (``python -m spotlight.actors.worker``): an ipc
   ``RpcServer`` its node agent drives with WorkerRun / WorkerStatus / WorkerStop.
 
@@ -164,30 +167,27 @@ class WorkerCore:
         state = state or start(seeds, self.shape, init_seed=p.get("init_seed"))
         with torch.no_grad():
             text = self.model.encode(prompts)
+        base = None  # this attempt's first commit is the whole state; later ones append a step
         while state.step < cfg.steps:
             if self._stop:
                 await self.store.flush()
                 raise Preempted(f"{rid}: stopped after step {state.step} (committed)")
             sde_advance(self.model, state, text, seeds, cfg)
-            # Stacked copies: commit_nowait owns them while the next step runs.
-            self.store.commit_nowait(rid, state.step, {"latents": torch.stack(state.latents),
-                                                       "log_probs": torch.stack(state.log_probs)},
-                                     meta, attempt=lease.attempt)
-            self.committed_step = state.step
+            # The sampler never writes into a past step's tensors, so the store client may own
+            # these (views, no copy) while the next step runs.
+            if base is None:
+                rows = {"latents": torch.stack(state.latents), "log_probs": torch.stack(state.log_probs)}
+            else:
+                rows = {"latents": state.latents[-1][None], "log_probs": state.log_probs[-1][None]}
+            self.store.commit_nowait(rid, state.step, rows, meta, attempt=lease.attempt, base=base)
+            self.committed_step = base = state.step
             await asyncio.sleep(self.step_delay_s)  # yield: the flusher sends, stop/status run
 
-        def finish() -> dict[str, np.ndarray]:
-            rewards = self.reward(to_uint8_images(state.latents[-1].clamp(-1, 1)), prompts)
-            return {"latents": torch.stack(state.latents, 1).numpy(),
-                    "log_probs": torch.stack(state.log_probs, 1).numpy(),
-                    "rewards": np.asarray(rewards, dtype=np.float32)}
-
-        traj = finish()
+        rewards = np.asarray(self.reward(to_uint8_images(state.latents[-1].clamp(-1, 1)), prompts), np.float32)
         key = trajectory_key(rid)
-        await self.store.put(key, traj, {**meta, "attempt": lease.attempt})
-        await self.store.flush()  # no late commit may land after the drop
-        await self.store.drop_commit(rid)
-        return {"key": key, "rewards": [float(r) for r in traj["rewards"]], "resumed_from": resumed_from}
+        # The final commit becomes the trajectory in the store: nothing is sent twice.
+        await self.store.seal_commit(rid, key, {"rewards": rewards}, {**meta, "attempt": lease.attempt})
+        return {"key": key, "rewards": [float(r) for r in rewards], "resumed_from": resumed_from}
 
     async def _resume(self, lease: m.LeaseGrant, meta: dict[str, Any]):
         """The state of the newest commit of this request, if it was made with these weights."""

@@ -276,13 +276,15 @@ class Delete(Message):
 @dataclass(kw_only=True, slots=True)
 class Commit(Message):
     """A request's resumable state after denoising step ``step`` (stored at commit/<request_id>);
-    a commit with an older step or attempt than the stored one is refused."""
+    a commit with an older step than the stored one is ignored. ``base`` None: the whole state;
+    an int: only the rows added since the held commit at step ``base`` (appended on axis 0)."""
 
     request_id: str
     attempt: int
     step: int
     tensors: dict[str, Tensor]
     meta: dict[str, Any]
+    base: int | None
 
 
 @register("s.get_commit")
@@ -329,6 +331,18 @@ class DropCommit(Message):
     """Free a request's commit once its result is accepted. Replied with Ok."""
 
     request_id: str
+
+
+@register("s.seal_commit")
+@dataclass(kw_only=True, slots=True)
+class SealCommit(Message):
+    """Move a request's commit to ``key`` as its result, with ``tensors`` added and ``meta`` as
+    its meta (the trajectory, without sending it again). Replied with Ok; NotFound if none."""
+
+    request_id: str
+    key: str
+    tensors: dict[str, Tensor]
+    meta: dict[str, Any]
 
 
 @register("s.latest")
@@ -413,6 +427,7 @@ class ShmCommit(Message):
     tensors: dict[str, Tensor]
     refs: dict[str, dict[str, Any]]
     meta: dict[str, Any]
+    base: int | None
 
 
 @register("s.shm_publish")

@@ -85,8 +85,8 @@ def worker_pid(rt, worker_id: str) -> int:
 def check_bit_identical(rt, result: dict) -> None:
     traj, meta = rt.call(rt.store.get(result["key"]))
     ref = rt.reference
-    assert torch.equal(torch.from_numpy(traj["latents"].copy()), torch.stack(ref.latents, 1))
-    assert torch.equal(torch.from_numpy(traj["log_probs"].copy()), torch.stack(ref.log_probs, 1))
+    assert torch.equal(torch.from_numpy(traj["latents"].copy()), torch.stack(ref.latents))  # step-major
+    assert torch.equal(torch.from_numpy(traj["log_probs"].copy()), torch.stack(ref.log_probs))
 
 
 def test_sigkilled_worker_resumes_elsewhere_bit_identical(runtime):

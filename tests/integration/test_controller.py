@@ -71,7 +71,7 @@ async def test_worker_api_over_ipc(tmp_path):
                 done = await client.call(m.WorkerRun(lease=lease("r", "rollout")))
                 assert done.result["key"] == "traj/r" and len(done.result["rewards"]) == 4
                 traj, meta = await store.get("traj/r")
-                assert traj["latents"].shape == (4, 4, 3, 16, 16) and traj["log_probs"].shape == (4, 3)
+                assert traj["latents"].shape == (4, 4, 3, 16, 16) and traj["log_probs"].shape == (3, 4)
                 assert meta["version"] == 3 and await store.get_commit("r") is None  # commit dropped
                 explored = await client.call(m.WorkerRun(lease=lease("e", "explore")))
                 assert np.allclose(explored.result["rewards"], done.result["rewards"])  # same seeds, same SDE

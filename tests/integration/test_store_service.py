@@ -112,6 +112,36 @@ async def test_background_commits_flush_then_newest(store, shm):
         assert await reader.get_commit("a") is None
 
 
+@pytest.mark.parametrize("shm", [False, True], ids=["frames", "shm"])
+async def test_append_commits_coalesce_then_seal_as_the_trajectory(store, shm):
+    def row(step: int) -> np.ndarray:
+        return bit_pattern(1 << 20, seed=100 + step).reshape(1, -1)  # 1 MB a step: the shm path
+
+    async with TensorStoreClient.remote(store, shm=shm, timeout=20) as worker:
+        worker.commit_nowait("r", 1, {"lat": np.concatenate([row(0), row(1)]), "lp": np.zeros((1, 2))}, attempt=1)
+        await worker.flush(timeout=20)
+        for step in range(2, 9):  # no await between them: they coalesce into one pending append
+            worker.commit_nowait("r", step, {"lat": row(step), "lp": np.full((1, 2), step - 1.0)},
+                                 {"step": step}, attempt=1, base=step - 1)
+            if step == 5:
+                await worker.flush(timeout=20)  # ...and some reach the store on their own
+        worker.commit_nowait("r", 8, {"lat": row(0), "lp": np.zeros((1, 2))}, base=7)  # a repeat: ignored
+        with pytest.raises(ValueError, match="pending"):
+            worker.commit_nowait("r", 10, {"lat": row(10), "lp": np.zeros((1, 2))}, base=9)  # a gap
+        await worker.flush(timeout=20)
+        step, tensors, meta = await worker.get_commit("r")
+        assert step == 8 and meta == {"step": 8, "attempt": 1}
+        assert same_bits(tensors["lat"], np.concatenate([row(k) for k in range(9)]))
+        assert tensors["lp"][:, 0].tolist() == list(range(8))
+        await worker.seal_commit("r", "traj/r", {"rewards": np.ones(2, np.float32)}, {"done": True})
+        assert await worker.get_commit("r") is None
+        traj, meta = await worker.get("traj/r")
+        assert same_bits(traj["lat"], tensors["lat"]) and traj["rewards"].tolist() == [1.0, 1.0]
+        assert meta == {"done": True}
+        with pytest.raises(NotFound):
+            await worker.seal_commit("r", "traj/r")
+
+
 async def test_background_commit_error_surfaces_on_flush(store):
     async with TensorStoreClient.remote(store, shm=False, timeout=20) as worker:
         worker.commit_nowait("big", 0, {"x": np.zeros(MAX_BYTES // 4 + 1, np.float32)})

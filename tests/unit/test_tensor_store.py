@@ -86,6 +86,54 @@ def test_commit_same_step_replaces_and_drop_frees():
         core.commit("r", -1, {})
 
 
+def test_append_commits_join_rows_on_read_and_refuse_gaps():
+    core = TensorStoreCore(TensorStoreConfig(max_bytes=1000))
+    rows = lambda *vals: np.array([[v, v] for v in vals], np.float32)  # noqa: E731  (one row per step)
+    assert core.commit("r", 1, {"lat": rows(0, 1), "lp": rows(10)}) is True  # full: steps 0..1
+    assert core.commit("r", 2, {"lat": rows(2), "lp": rows(11)}, base=1) is True
+    assert core.commit("r", 3, {"lat": rows(3), "lp": rows(12)}, {"attempt": 2}, base=2) is True
+    assert core.bytes_held == 8 * 7
+    assert core.commit("r", 3, {"lat": rows(9), "lp": rows(9)}, base=2) is False  # late twin: ignored
+    with pytest.raises(NotFound, match="holds step 3"):
+        core.commit("r", 5, {"lat": rows(5), "lp": rows(14)}, base=4)  # a gap: nothing to build on
+    with pytest.raises(NotFound, match="holds none"):
+        core.commit("other", 2, {"lat": rows(2)}, base=1)
+    with pytest.raises(ValueError, match="do not extend"):
+        core.commit("r", 4, {"lat": np.zeros((1, 3), np.float32), "lp": rows(13)}, base=3)
+    with pytest.raises(ValueError, match="do not match"):
+        core.commit("r", 4, {"lat": rows(4)}, base=3)
+    with pytest.raises(ValueError, match="base"):
+        core.commit("r", 4, {"lat": rows(4), "lp": rows(13)}, base=4)
+    step, tensors, meta = core.get_commit("r")
+    assert step == 3 and meta == {"attempt": 2} and core.bytes_held == 8 * 7
+    np.testing.assert_array_equal(tensors["lat"], rows(0, 1, 2, 3))
+    np.testing.assert_array_equal(tensors["lp"], rows(10, 11, 12))
+    assert core.commit("r", 4, {"lat": rows(4), "lp": rows(13)}, base=3) is True  # appends after a read too
+    np.testing.assert_array_equal(core.get_commit("r")[1]["lat"], rows(0, 1, 2, 3, 4))
+    assert core.commit("r", 4, {"lat": rows(7, 7, 7, 7, 7), "lp": rows(7, 7, 7, 7)}) is True  # full replaces
+    assert core.bytes_held == 8 * 9
+
+
+def test_seal_moves_the_commit_to_a_key_without_copying_twice():
+    core = TensorStoreCore(TensorStoreConfig(max_bytes=100))
+    core.commit("r", 1, {"lat": arr(4, 1.0)})
+    core.commit("r", 2, {"lat": arr(4, 2.0)}, base=1)  # 32 B held
+    with pytest.raises(CapacityError):
+        core.seal_commit("r", "traj/r", {"rewards": arr(18)})  # 32 + 72 > 100: nothing moves
+    with pytest.raises(ValueError, match="already in the commit"):
+        core.seal_commit("r", "traj/r", {"lat": arr(1)})
+    with pytest.raises(ValueError, match="commit namespace"):
+        core.seal_commit("r", "commit/x")
+    assert core.seal_commit("r", "traj/r", {"rewards": arr(2, 0.5)}, {"worker": "w"}) == 2
+    tensors, meta = core.get("traj/r")
+    assert tensors["lat"].tolist() == [1.0] * 4 + [2.0] * 4 and tensors["rewards"].tolist() == [0.5, 0.5]
+    assert meta == {"worker": "w"} and core.get_commit("r") is None and core.bytes_held == 40
+    with pytest.raises(NotFound, match="no commit"):
+        core.seal_commit("r", "traj/r")
+    core.delete("traj/r")
+    assert core.bytes_held == 0
+
+
 # --- weights -------------------------------------------------------------------------------------
 def test_weights_immutable_and_increasing():
     core = TensorStoreCore()
