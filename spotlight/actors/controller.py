@@ -179,7 +179,7 @@ class RuntimeExecutor:
 
         async def go() -> m.IterationDone:
             await self.queue.submit(requests)
-            return await self.queue.wait_iteration(batch, self.wait_s)
+            return await self.queue.wait_iteration(batch, self.wait_s, forget=True)  # bounded queue memory
 
         t0 = time.perf_counter()
         done = self._run(go(), self.wait_s)

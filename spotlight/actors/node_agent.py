@@ -39,7 +39,11 @@ from spotlight.actors.queue_service import QueueClient
 from spotlight.comm import messages as m
 from spotlight.comm.auth import cluster_client_keys
 from spotlight.comm.transport import RpcClient
-from spotlight.errors import ActorTimeout, Preempted, SpotlightError, StaleAttempt
+from spotlight.errors import ActorTimeout, NotFound, Preempted, SpotlightError, StaleAttempt
+
+# A message about a lease the queue no longer honours: another attempt owns the request
+# (StaleAttempt) or its iteration is finished and forgotten (NotFound). Counted, never fatal.
+GONE = (StaleAttempt, NotFound)
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +270,7 @@ class NodeAgent:
         try:
             await self.queue.complete(lease.request_id, lease.attempt, h.worker_id, result)
             self.stats["completed"] += 1
-        except StaleAttempt as e:  # fenced: another attempt owns it now
+        except GONE as e:  # fenced: another attempt owns it now, or it is long done
             self.stats["stale"] += 1
             log.info("%s", e)
 
@@ -297,7 +301,7 @@ class NodeAgent:
                 log.warning("%s failed %s: %s", h.worker_id, lease.request_id, value)
                 try:
                     await q.fail(lease.request_id, lease.attempt, h.worker_id, f"{outcome}: {value}")
-                except StaleAttempt:
+                except GONE:
                     self.stats["stale"] += 1
                 if outcome == "timeout":
                     await h.stop(0.0)  # hung: the slot restarts it
@@ -326,7 +330,7 @@ class NodeAgent:
                 step = None
             try:
                 await q.heartbeat(lease.request_id, lease.attempt, h.worker_id, step)
-            except StaleAttempt as e:
+            except GONE as e:
                 self.stats["stale"] += 1
                 log.info("heartbeat fenced: %s", e)
                 return
@@ -342,7 +346,7 @@ class NodeAgent:
         try:
             await self.queue.release(lease.request_id, lease.attempt, h.worker_id)
             self.stats["released"] += 1
-        except (StaleAttempt, ActorTimeout) as e:  # expired meanwhile: the queue re-queued it
+        except (*GONE, ActorTimeout) as e:  # expired meanwhile: the queue re-queued it
             log.info("release of %s: %s", lease.request_id, e)
 
     async def _watch_metadata(self, notice: asyncio.Event) -> None:

@@ -67,7 +67,10 @@ def queue_handlers(core: RequestQueueCore) -> dict[type[m.Message], Callable[[An
         return m.BatchResult(accepted=accepted, rejected=rejected)
 
     async def wait_iteration(msg: m.WaitIteration) -> m.IterationDone:
-        return await core.wait_iteration(msg.iteration, msg.timeout_s)
+        done = await core.wait_iteration(msg.iteration, msg.timeout_s)
+        if msg.forget:
+            core.forget_iteration(msg.iteration)
+        return done
 
     return {
         m.Submit: lambda msg: core.submit(msg.requests) or ok,
@@ -198,8 +201,9 @@ class QueueClient:
         await self._rpc(m.Fail(request_id=request_id, attempt=attempt, worker_id=worker_id,
                                error=error))
 
-    async def wait_iteration(self, iteration: int, timeout_s: float) -> m.IterationDone:
-        return await self._rpc(m.WaitIteration(iteration=iteration, timeout_s=timeout_s), timeout_s)
+    async def wait_iteration(self, iteration: int, timeout_s: float, *, forget: bool = False) -> m.IterationDone:
+        """Results of ``iteration`` once all are done; ``forget`` frees its records in the queue."""
+        return await self._rpc(m.WaitIteration(iteration=iteration, timeout_s=timeout_s, forget=forget), timeout_s)
 
     async def stats(self) -> m.QueueStatsReply:
         return await self._rpc(m.QueueStats())

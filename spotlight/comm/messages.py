@@ -176,10 +176,13 @@ class Fail(Message):
 @register("q.wait_iter")
 @dataclass(kw_only=True, slots=True)
 class WaitIteration(Message):
-    """Wait until every request of ``iteration`` is completed or dead-lettered."""
+    """Wait until every request of ``iteration`` is completed or dead-lettered. ``forget``: the
+    queue drops the iteration's records once it answers (the caller owns the results now; a
+    late message about one of its requests gets NotFound)."""
 
     iteration: int
     timeout_s: float
+    forget: bool
 
 
 @register("q.iter_done")

@@ -14,7 +14,7 @@ import pytest
 from spotlight.actors.queue_service import QueueClient
 from spotlight.comm import messages as m
 from spotlight.comm.transport import RpcClient
-from spotlight.errors import ActorTimeout, ProtocolError, StaleAttempt
+from spotlight.errors import ActorTimeout, NotFound, ProtocolError, StaleAttempt
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 LEASE_S = 1.0
@@ -82,6 +82,11 @@ async def test_queue_service_end_to_end_then_sigterm(queue_proc: tuple) -> None:
         stats = (await q.stats()).stats
         assert stats["late_results_dropped"] == 2 and stats["expired"] == 1
         assert stats["released"] == 1 and stats["completed"] == 4
+        # The trainer took the results: the queue forgets the iteration (bounded memory).
+        forgotten = await q.wait_iteration(0, timeout_s=5, forget=True)
+        assert forgotten.results == done.results and (await q.stats()).stats["now_done"] == 0
+        with pytest.raises(NotFound, match="unknown request"):  # a zombie's late beat
+            await q.heartbeat("r1", 2, "w3")
 
     proc.send_signal(signal.SIGTERM)
     async with asyncio.timeout(2):
