@@ -6,7 +6,7 @@ set -euo pipefail
 usage() {
   cat <<USAGE
 usage: launch/spot.sh --controller tcp://HOST:PORT [--workers N] [--keys DIR]
-                      [--metadata-url URL] [--node-id ID]
+                      [--metadata-url URL] [--node-id ID] [--queue-lost-s S]
 
   --controller   the address launch/reserved.sh printed
   --workers N    worker processes (one per GPU; default: the GPU count, else 1)
@@ -14,6 +14,7 @@ usage: launch/spot.sh --controller tcp://HOST:PORT [--workers N] [--keys DIR]
   --metadata-url spot-notice URL to poll, e.g.
                  http://169.254.169.254/latest/meta-data/spot/instance-action        (AWS)
                  http://metadata.google.internal/computeMetadata/v1/instance/preempted (GCP)
+  --queue-lost-s S  leave when the reserved side's queue has not answered for S seconds (30)
 SIGTERM (how clouds deliver a spot notice) makes the node commit, release its leases and exit.
 USAGE
 }
@@ -25,7 +26,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --controller) CONTROLLER=${2:?--controller needs a value}; shift 2 ;;
     --workers) WORKERS=${2:?--workers needs a value}; shift 2 ;;
-    --keys|--metadata-url|--node-id|--metadata-poll-s|--log-level)
+    --keys|--metadata-url|--node-id|--metadata-poll-s|--queue-lost-s|--rpc-timeout-s|--log-level)
       EXTRA+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "spot.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;

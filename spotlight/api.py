@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from spotlight.errors import ConfigError
 from spotlight.recipe import Recipe, load_recipe
 
 
@@ -46,6 +47,10 @@ class Experiment:
             return self.loop.run()
         from spotlight.actors.runtime import LocalRuntime
 
+        r = self.recipe.run
+        if r.reserved_workers + r.spot_workers < 1:
+            raise ConfigError("run.mode=\"runtime\" on one machine needs a worker: "
+                              "run.reserved_workers + run.spot_workers >= 1")
         with LocalRuntime(self.recipe) as self.runtime:
             self.loop = Loop(self.recipe, executor_factory=self.runtime.executor, resume=resume, hooks=hooks,
                              progress=progress)

@@ -30,9 +30,21 @@ def main(argv: list[str] | None = None) -> int:
     except SpotlightError as e:  # one clear line, no traceback wall
         print(f"spotlight: error: {e}", file=sys.stderr)
         return 2
+    except BaseExceptionGroup as group:  # failures of concurrent tasks: one line each
+        errors = _leaves(group)
+        if not all(isinstance(e, SpotlightError) for e in errors):
+            raise
+        for e in errors:
+            print(f"spotlight: error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("spotlight: interrupted", file=sys.stderr)
         return 130
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    return [leaf for e in group.exceptions
+            for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
 
 
 def build_parser() -> argparse.ArgumentParser:

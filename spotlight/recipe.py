@@ -51,17 +51,20 @@ class RunConfig:
     mode: str = "in-process"
     """'in-process' (the reference loop) or 'runtime' (actors in local processes)."""
     spot_workers: int = 2
+    """Local "spot" worker processes `spotlight run` starts in runtime mode."""
     reserved_workers: int = 1
+    """Worker processes on the reserved node (0: it only trains; the work waits for spot nodes)."""
 
     def __post_init__(self) -> None:
         for name in ("iterations", "prompts_per_iteration", "group_size", "eval_every", "eval_seeds",
-                     "eval_samples", "checkpoint_every", "reserved_workers"):
+                     "eval_samples", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
         if self.group_size < 2:
             raise ConfigError(f"run.group_size must be >= 2 (GRPO needs a group), got {self.group_size}")
-        if self.spot_workers < 0:
-            raise ConfigError(f"run.spot_workers must be >= 0, got {self.spot_workers}")
+        for name in ("spot_workers", "reserved_workers"):  # 0 reserved: a train-only reserved node
+            if getattr(self, name) < 0:
+                raise ConfigError(f"run.{name} must be >= 0, got {getattr(self, name)}")
         if self.minutes is not None and self.minutes <= 0:
             raise ConfigError(f"run.minutes must be > 0, got {self.minutes}")
         if self.eval_mode not in ("ode", "sde"):

@@ -159,7 +159,8 @@ class RuntimeExecutor:
         self._batch = 0
         self.version = -1
         self.timings: list[dict[str, Any]] = []
-        """Per batch: kind, wall_s (submit to results read), worker_s (summed time inside workers)."""
+        """Per batch: kind, wall_s (submit to results read), worker_s (summed time inside workers),
+        compute_s (summed time the workers spent computing); per publish: kind "publish", wall_s."""
         self._cleanup: concurrent.futures.Future | None = None  # deletes of the last trajectories
         self.publish(version)
 
@@ -186,7 +187,8 @@ class RuntimeExecutor:
         if done.dead:
             raise RemoteError(f"{kind} batch {batch}: requests {done.dead} were dead-lettered (see queue stats)")
         self.timings.append({"kind": kind, "requests": len(requests), "t0": t0, "wall_s": time.perf_counter() - t0,
-                             "worker_s": sum(r.get("worker_s", 0.0) for r in done.results)})
+                             "worker_s": sum(r.get("worker_s", 0.0) for r in done.results),
+                             "compute_s": sum(r.get("compute_s", 0.0) for r in done.results)})
         return done.results
 
     def explore(self, jobs: list[ExploreJob]) -> list[np.ndarray]:
@@ -221,7 +223,9 @@ class RuntimeExecutor:
         return groups
 
     def publish(self, version: int) -> None:
+        t0 = time.perf_counter()
         tensors = {k: v.detach().cpu().contiguous().numpy() for k, v in self.model.state_dict().items()}
         self._run(self.store.publish_weights(version, tensors))
         self.version = version
+        self.timings.append({"kind": "publish", "t0": t0, "wall_s": time.perf_counter() - t0})
 

@@ -69,6 +69,8 @@ class AgentConfig:
     """Longest one request may run on a worker before it is considered hung."""
     rpc_timeout_s: float = 10.0
     worker_start_s: float = 120.0
+    queue_lost_s: float = 30.0
+    """The queue unreachable this long (every pull timing out): the reserved side is gone; leave."""
     keys: str | None = None
     """CURVE folder: this node's `node.key_secret` and the reserved side's `controller.key`
     (``spotlight.comm.auth.cluster_client_keys``); used for the controller, queue and store."""
@@ -78,7 +80,7 @@ class AgentConfig:
             raise ValueError(f"AgentConfig.workers must be >= 1, got {self.workers}")
         if self.kind not in ("reserved", "spot"):
             raise ValueError(f"AgentConfig.kind must be 'reserved' or 'spot', got {self.kind!r}")
-        for name in ("metadata_poll_s", "pull_wait_s", "leave_s", "run_timeout_s", "rpc_timeout_s"):
+        for name in ("metadata_poll_s", "pull_wait_s", "leave_s", "run_timeout_s", "rpc_timeout_s", "queue_lost_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"AgentConfig.{name} must be > 0, got {getattr(self, name)}")
         self.node_id = self.node_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -171,11 +173,16 @@ class NodeAgent:
         self.busy: dict[str, m.LeaseGrant] = {}  # worker_id -> the lease it runs
         self._released: set[tuple[str, int]] = set()
         self.queue: QueueClient | None = None
+        self.lost: str | None = None
+        """Why the agent left on its own (the queue unreachable), or None."""
+        self._notice = asyncio.Event()
+        self._last_contact = 0.0
         self.stats = {"completed": 0, "failed": 0, "released": 0, "worker_deaths": 0, "stale": 0}
 
     # --- lifetime ------------------------------------------------------------------------------
     async def run(self, notice: asyncio.Event) -> None:
         c = self.config
+        self._notice = notice
         sock_dir = tempfile.mkdtemp(prefix="spl-agent-")
         try:
             curve = cluster_client_keys(c.keys) if c.keys else None
@@ -257,13 +264,29 @@ class NodeAgent:
                     log.warning("%s died (exit %s); restarting", h.worker_id, h.proc.returncode if h.proc else None)
                     await self._start(h)
                     continue
-                lease = await q.pull(h.worker_id, ["rollout", "explore"], max_wait_s=c.pull_wait_s)
+                try:
+                    lease = await q.pull(h.worker_id, ["rollout", "explore"], max_wait_s=c.pull_wait_s)
+                except ActorTimeout as e:
+                    self._queue_silent(e)
+                    continue
+                self._last_contact = asyncio.get_running_loop().time()
                 if lease is None:
                     continue
                 if self.leaving.is_set():
                     await self._release(h, lease)
                     return
                 await self._run_lease(h, lease, completes)
+
+    def _queue_silent(self, e: ActorTimeout) -> None:
+        """A pull timed out. Once the queue has been silent for ``queue_lost_s`` the reserved
+        side is gone (or cut off): leave cleanly instead of pulling forever."""
+        now = asyncio.get_running_loop().time()
+        self._last_contact = self._last_contact or now
+        log.warning("queue did not answer: %s", e)
+        if now - self._last_contact >= self.config.queue_lost_s and self.lost is None:
+            self.lost = f"the request queue has not answered for {now - self._last_contact:.0f}s; node left"
+            log.error("%s", self.lost)
+            self._notice.set()
 
     async def _complete(self, h: WorkerHandle, lease: m.LeaseGrant, result: dict) -> None:
         assert self.queue is not None
@@ -273,6 +296,8 @@ class NodeAgent:
         except GONE as e:  # fenced: another attempt owns it now, or it is long done
             self.stats["stale"] += 1
             log.info("%s", e)
+        except ActorTimeout as e:  # the lease expires and the request runs again: at-least-once
+            log.warning("complete of %s: %s", lease.request_id, e)
 
     async def _run_lease(self, h: WorkerHandle, lease: m.LeaseGrant, completes: asyncio.TaskGroup) -> None:
         q = self.queue
@@ -303,6 +328,8 @@ class NodeAgent:
                     await q.fail(lease.request_id, lease.attempt, h.worker_id, f"{outcome}: {value}")
                 except GONE:
                     self.stats["stale"] += 1
+                except ActorTimeout as e:  # unreported: the lease expires and the request retries
+                    log.warning("fail of %s: %s", lease.request_id, e)
                 if outcome == "timeout":
                     await h.stop(0.0)  # hung: the slot restarts it
         finally:
@@ -367,7 +394,10 @@ async def serve(config: AgentConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # SIGTERM is how clouds deliver a spot notice
         loop.add_signal_handler(sig, notice.set)
-    await NodeAgent(config).run(notice)
+    agent = NodeAgent(config)
+    await agent.run(notice)
+    if agent.lost is not None:
+        raise ActorTimeout(agent.lost)
 
 
 def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -379,13 +409,20 @@ def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--node-id", default="")
     p.add_argument("--metadata-url", default=None, help="spot-notice URL to poll (AWS or GCP form)")
     p.add_argument("--metadata-poll-s", type=float, default=2.0)
+    p.add_argument("--queue-lost-s", type=float, default=30.0,
+                   help="leave when the request queue has not answered for this long")
+    p.add_argument("--rpc-timeout-s", type=float, default=10.0, help="reply timeout of every remote call")
     p.add_argument("--keys", default=None, help="folder with node.key_secret and controller.key (CURVE)")
     p.add_argument("--log-level", default="WARNING")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_from_args(build_parser().parse_args(argv))
+    try:
+        return run_from_args(build_parser().parse_args(argv))
+    except SpotlightError as e:
+        print(f"node agent: error: {e}", file=sys.stderr)
+        return 2
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -396,7 +433,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     if os.environ.get("SPOTLIGHT_DIE_WITH_PARENT"):
         die_with_parent()  # spawned by a LocalRuntime: never outlive it
     config = AgentConfig(controller=args.controller, workers=args.workers, kind=args.kind, node_id=args.node_id,
-                         metadata_url=args.metadata_url, metadata_poll_s=args.metadata_poll_s, keys=args.keys)
+                         metadata_url=args.metadata_url, metadata_poll_s=args.metadata_poll_s, queue_lost_s=args.queue_lost_s,
+                         rpc_timeout_s=args.rpc_timeout_s, keys=args.keys)
     asyncio.run(serve(config))
     return 0
 

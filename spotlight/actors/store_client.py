@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
@@ -43,6 +45,45 @@ log = logging.getLogger(__name__)
 def _numpy(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
     """numpy arrays as they are, torch CPU tensors as zero-copy numpy views."""
     return {k: v if isinstance(v, np.ndarray) else v.detach().numpy() for k, v in tensors.items()}
+
+
+@dataclass(slots=True)
+class _PendingCommit:
+    """A commit waiting for the flusher; later appends of the same request extend ``rows``."""
+
+    request_id: str
+    attempt: int
+    step: int
+    base: int | None
+    meta: dict
+    rows: dict[str, list[np.ndarray]]
+
+
+@dataclass(slots=True)
+class _Seal:
+    """A queued SealCommit and the future its caller awaits."""
+
+    msg: m.SealCommit
+    done: asyncio.Future
+
+
+async def _settled(reply: Any, error: Exception | None) -> Any:
+    if error is not None:
+        raise error
+    return reply
+
+
+async def _translated(reply: Awaitable[Any]) -> Any:
+    """Await a store reply; the store refuses bad arguments with ValueError/TypeError, which
+    arrive as RemoteError naming them: raise the same class here."""
+    try:
+        return await reply
+    except RemoteError as e:
+        text = str(e)
+        for cls in (ValueError, TypeError):
+            if text.startswith(cls.__name__ + ": "):
+                raise cls(text[len(cls.__name__) + 2:]) from None
+        raise
 
 
 def _is_local(endpoint: str) -> bool:
@@ -66,7 +107,7 @@ class TensorStoreClient:
         self._want_shm, self._timeout, self.max_pending = shm, timeout, max_pending
         self._maps: ClientMappings | None = None
         self._shm_min = 0
-        self._pending: OrderedDict[str, m.Commit] = OrderedDict()
+        self._pending: OrderedDict[str | tuple[str, str], _PendingCommit | _Seal] = OrderedDict()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -142,31 +183,31 @@ class TensorStoreClient:
 
     # --- calls ---------------------------------------------------------------------------------
     async def _call(self, msg: m.Message) -> Any:
-        try:
-            if self._handlers is not None:
-                return self._table[type(msg)](msg)
-            assert self._rpc is not None
-            return await self._rpc.call(msg, timeout=self._timeout)
-        except RemoteError as e:
-            # The store refuses bad arguments with ValueError/TypeError; raise the same here.
-            text = str(e)
-            for cls in (ValueError, TypeError):
-                if text.startswith(cls.__name__ + ": "):
-                    raise cls(text[len(cls.__name__) + 2:]) from None
-            raise
+        return await (await self._send(msg))
+
+    async def _send(self, msg: m.Message) -> Coroutine[Any, Any, Any]:
+        """Send ``msg`` now, in order; the awaitable of its reply (pipelining, see RpcClient.send)."""
+        if self._handlers is not None:
+            try:
+                reply, error = self._table[type(msg)](msg), None
+            except Exception as e:
+                reply, error = None, e
+            return _translated(_settled(reply, error))
+        assert self._rpc is not None
+        return _translated(await self._rpc.send(msg, timeout=self._timeout))
 
     def _owned(self, tensors: dict[str, Any]) -> dict[str, np.ndarray]:
         arrays = _numpy(tensors)
         # In-process, the core would keep the caller's arrays: copy so callers keep value semantics.
         return {k: np.array(a, copy=True) for k, a in arrays.items()} if self._handlers else arrays
 
-    async def _write(self, tensors: dict[str, Any], plain: Any, via_shm: Any) -> None:
-        """Send a write: ``plain(tensors)`` over frames, or ``via_shm(inline, refs)``."""
+    async def _write(self, tensors: dict[str, Any], plain: Any, via_shm: Any) -> Coroutine[Any, Any, Any]:
+        """Send a write: ``plain(tensors)`` over frames, or ``via_shm(inline, refs)``; returns
+        the awaitable of its reply."""
         arrays = self._owned(tensors)
         big = {k: a for k, a in arrays.items() if self._maps is not None and a.nbytes >= self._shm_min}
         if not big:
-            await self._call(plain(arrays))
-            return
+            return await self._send(plain(arrays))
         assert self._maps is not None
         grant = await self._call(m.ShmLend(nbytes=[a.nbytes for a in big.values()]))
         refs = {}
@@ -175,7 +216,7 @@ class TensorStoreClient:
             refs[name] = {"name": seg["name"], "gen": seg["gen"], "dtype": arr.dtype.name,
                           "shape": list(arr.shape)}
         inline = {k: a for k, a in arrays.items() if k not in big}
-        await self._call(via_shm(inline, refs))
+        return await self._send(via_shm(inline, refs))
 
     def _read(self, reply: Any, out: dict[str, np.ndarray] | None) -> Tensors:
         """The reply's tensors; with ``out``, those named there are copied into the caller's
@@ -195,8 +236,8 @@ class TensorStoreClient:
     # --- keys ----------------------------------------------------------------------------------
     async def put(self, key: str, tensors: dict[str, Any], meta: dict | None = None) -> None:
         meta = dict(meta or {})
-        await self._write(tensors, lambda t: m.Put(key=key, tensors=t, meta=meta),
-                          lambda t, r: m.ShmPut(key=key, tensors=t, refs=r, meta=meta))
+        await (await self._write(tensors, lambda t: m.Put(key=key, tensors=t, meta=meta),
+                                 lambda t, r: m.ShmPut(key=key, tensors=t, refs=r, meta=meta)))
 
     async def get(self, key: str, *, out: dict[str, np.ndarray] | None = None
                   ) -> tuple[Tensors, dict]:
@@ -235,13 +276,15 @@ class TensorStoreClient:
         if held is not None and (held.step > step or (held.step == step and base is not None)):
             return  # not newer than one already queued: the store would ignore it anyway
         if held is not None and base is not None:
-            if base != held.step or arrays.keys() != held.tensors.keys():
+            if base != held.step or arrays.keys() != held.rows.keys():
                 raise ValueError(f"append to {request_id!r} at step {base}, but step {held.step} is pending")
             # Extend the pending commit: it now reaches `step`, built on what it was built on.
-            arrays = {k: np.concatenate([held.tensors[k], a]) for k, a in arrays.items()}
-            base = held.base
-        self._pending[request_id] = m.Commit(request_id=request_id, attempt=attempt, step=step,
-                                             tensors=arrays, meta=meta, base=base)
+            for name, arr in arrays.items():
+                held.rows[name].append(arr)
+            held.step, held.meta, held.attempt = step, meta, attempt
+        else:
+            self._pending[request_id] = _PendingCommit(request_id, attempt, step, base, meta,
+                                                       {name: [arr] for name, arr in arrays.items()})
         self._idle.clear()
         self._wake.set()
 
@@ -257,25 +300,47 @@ class TensorStoreClient:
             raise err
 
     async def _flush_loop(self) -> None:
+        # Pipelined: every pending op is sent (in order) before any reply is awaited, so a
+        # seal queued right behind its request's last commit costs one round trip, not two.
         while True:
             await self._wake.wait()
             self._wake.clear()
+            sent: list[tuple[_PendingCommit | _Seal, Coroutine]] = []
             while self._pending:
-                _, c = self._pending.popitem(last=False)
+                _, op = self._pending.popitem(last=False)
                 try:
-                    await self._write(
-                        c.tensors, lambda t, c=c: m.Commit(request_id=c.request_id,
-                                                           attempt=c.attempt, step=c.step,
-                                                           tensors=t, meta=c.meta, base=c.base),
-                        lambda t, r, c=c: m.ShmCommit(request_id=c.request_id, attempt=c.attempt,
-                                                      step=c.step, tensors=t, refs=r, meta=c.meta,
-                                                      base=c.base))
-                except Exception as e:  # kept for the caller's next call; the first one wins
-                    log.warning("background commit of %s step %d failed: %s",
-                                c.request_id, c.step, e)
-                    if self._error is None:
-                        self._error = e
-            self._idle.set()
+                    sent.append((op, await self._send_op(op)))
+                except Exception as e:
+                    self._op_failed(op, e)
+            for op, reply in sent:
+                try:
+                    await reply
+                except Exception as e:
+                    self._op_failed(op, e)
+                else:
+                    if isinstance(op, _Seal) and not op.done.done():
+                        op.done.set_result(None)
+            if not self._pending:
+                self._idle.set()
+
+    async def _send_op(self, op: _PendingCommit | _Seal) -> Coroutine:
+        if isinstance(op, _Seal):
+            return await self._send(op.msg)
+        tensors = {name: rows[0] if len(rows) == 1 else np.concatenate(rows) for name, rows in op.rows.items()}
+        return await self._write(
+            tensors, lambda t: m.Commit(request_id=op.request_id, attempt=op.attempt, step=op.step,
+                                           tensors=t, meta=op.meta, base=op.base),
+            lambda t, r: m.ShmCommit(request_id=op.request_id, attempt=op.attempt, step=op.step,
+                                     tensors=t, refs=r, meta=op.meta, base=op.base))
+
+    def _op_failed(self, op: _PendingCommit | _Seal, e: Exception) -> None:
+        if isinstance(op, _Seal):  # its caller is waiting: it gets the error
+            if not op.done.done():
+                op.done.set_exception(e)
+            return
+        log.warning("background commit of %s step %d failed: %s", op.request_id, op.step, e)
+        if self._error is None:  # kept for the caller's next call; the first one wins
+            self._error = e
 
     async def get_commit(self, request_id: str) -> tuple[int, Tensors, dict] | None:
         if self._maps is not None:
@@ -287,17 +352,30 @@ class TensorStoreClient:
     async def drop_commit(self, request_id: str) -> None:
         await self._call(m.DropCommit(request_id=request_id))
 
-    async def seal_commit(self, request_id: str, key: str, tensors: dict[str, Any] | None = None,
+    async def seal_commit(self, request_id: str, step: int, key: str, tensors: dict[str, Any] | None = None,
                           meta: dict | None = None) -> None:
-        """Flush, then make the request's commit the entry ``key`` (plus ``tensors``)."""
-        await self.flush()
-        await self._call(m.SealCommit(request_id=request_id, key=key, tensors=self._owned(tensors or {}),
-                                      meta=dict(meta or {})))
+        """Make the request's commit at ``step`` the entry ``key`` (plus ``tensors``). Queued
+        behind the request's pending commits and sent with them, so the final commit and the
+        seal cost one round trip; the store refuses it unless it holds exactly ``step``."""
+        self._raise_background_error()
+        if self._flusher is None:
+            raise RuntimeError("TensorStoreClient is not open (use 'async with')")
+        seal = _Seal(m.SealCommit(request_id=request_id, step=step, key=key, tensors=self._owned(tensors or {}),
+                                  meta=dict(meta or {})), asyncio.get_running_loop().create_future())
+        self._pending[("seal", request_id)] = seal
+        self._idle.clear()
+        self._wake.set()
+        try:
+            async with asyncio.timeout(self._timeout):
+                await asyncio.shield(seal.done)
+        except Exception:
+            self._raise_background_error()  # the root cause (a refused commit) first
+            raise
 
     # --- weights -------------------------------------------------------------------------------
     async def publish_weights(self, version: int, tensors: dict[str, Any]) -> None:
-        await self._write(tensors, lambda t: m.PublishWeights(version=version, tensors=t, meta={}),
-                          lambda t, r: m.ShmPublish(version=version, tensors=t, refs=r, meta={}))
+        await (await self._write(tensors, lambda t: m.PublishWeights(version=version, tensors=t, meta={}),
+                                 lambda t, r: m.ShmPublish(version=version, tensors=t, refs=r, meta={})))
 
     async def get_weights(self, version: int, *, out: dict[str, np.ndarray] | None = None
                           ) -> Tensors:

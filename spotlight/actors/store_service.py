@@ -104,7 +104,7 @@ class StoreHandlers:
         return m.Ok()
 
     def seal_commit(self, msg: m.SealCommit) -> m.Message:
-        self.core.seal_commit(msg.request_id, msg.key, msg.tensors, msg.meta)
+        self.core.seal_commit(msg.request_id, msg.step, msg.key, msg.tensors, msg.meta)
         return m.Ok()
 
     def get_commit(self, msg: m.GetCommit) -> m.Message:

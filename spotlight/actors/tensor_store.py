@@ -243,14 +243,16 @@ class TensorStoreCore:
         assert entry.step is not None
         return entry.step, dict(entry.joined()), dict(entry.meta)
 
-    def seal_commit(self, request_id: str, key: str, tensors: Mapping[str, np.ndarray] | None = None,
-                    meta: dict | None = None) -> int:
-        """Move a request's commit to ``key`` (its final result, e.g. the trajectory), adding
-        ``tensors`` (e.g. rewards) and replacing its meta by ``meta``; returns the sealed step.
-        Nothing is copied but the joining of appended rows."""
+    def seal_commit(self, request_id: str, step: int, key: str, tensors: Mapping[str, np.ndarray] | None = None,
+                    meta: dict | None = None) -> None:
+        """Move a request's commit at ``step`` to ``key`` (its final result, e.g. the
+        trajectory), adding ``tensors`` (e.g. rewards) and replacing its meta by ``meta``.
+        Nothing is copied but the joining of appended rows. A commit at any other step (one
+        was refused, or another attempt's is newer) raises NotFound and changes nothing."""
         entry = self._entries.get(self.commit_key(request_id))
-        if entry is None:
-            raise NotFound(f"no commit of {request_id!r} to seal")
+        if entry is None or entry.step != step:
+            held = "none" if entry is None else f"step {entry.step}"
+            raise NotFound(f"no commit of {request_id!r} at step {step} to seal (the store holds {held})")
         extra = _frozen(tensors or {})
         clash = extra.keys() & entry.tensors.keys()
         if clash:
@@ -261,13 +263,10 @@ class TensorStoreCore:
         size = _nbytes(extra)
         old = self._entries.get(key)
         self._reserve(f"seal {request_id!r} as {key!r}", size, old.nbytes if old else 0)
-        step = entry.step
-        assert step is not None
         joined = {**entry.joined(), **extra}
         del self._entries[self.commit_key(request_id)]
         self._bytes -= entry.nbytes
         self._replace(key, _Entry(joined, dict(meta or {}), entry.nbytes + size))
-        return step
 
     def drop_commit(self, request_id: str) -> bool:
         """Free a request's commit (its result was accepted). Returns False if none was held."""

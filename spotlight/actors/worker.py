@@ -134,7 +134,8 @@ class WorkerCore:
                 result = await self._explore(lease.payload)
             else:
                 result = await self._rollout(lease)
-            # Time spent inside the worker: lets the controller tell runtime overhead from compute.
+            # Time inside the worker, and the part of it spent computing (model, sampler, reward):
+            # the rest, and everything outside the worker, is the runtime's overhead.
             return {**result, "worker_s": time.perf_counter() - t0}
         finally:
             self.request_id = None
@@ -147,13 +148,12 @@ class WorkerCore:
         s, seeds = self.recipe.sampler, list(p["seeds"])
         prompts = [p["prompt"]] * len(seeds)
 
-        def work() -> np.ndarray:
-            x = sample(self.model, prompts, seeds, self.shape, s.steps, s.shift, noise_level=s.noise_level,
-                       effective_steps=p.get("effective_steps"), sde_steps=s.sde_steps, noise_patch=s.noise_patch, init_seed=p.get("init_seed"))
-            return self.reward(to_uint8_images(x), prompts)
-
-        rewards = work()
-        return {"rewards": [float(r) for r in rewards]}
+        t0 = time.perf_counter()
+        x = sample(self.model, prompts, seeds, self.shape, s.steps, s.shift, noise_level=s.noise_level,
+                   effective_steps=p.get("effective_steps"), sde_steps=s.sde_steps, noise_patch=s.noise_patch,
+                   init_seed=p.get("init_seed"))
+        rewards = self.reward(to_uint8_images(x), prompts)
+        return {"rewards": [float(r) for r in rewards], "compute_s": time.perf_counter() - t0}
 
     async def _rollout(self, lease: m.LeaseGrant) -> dict[str, Any]:
         from spotlight.policy.sampler import sde_advance, start
@@ -164,15 +164,19 @@ class WorkerCore:
         meta = {"version": self.version, "seeds": seeds, "prompt": p["prompt"], "worker": self.worker_id}
         state = await self._resume(lease, meta)
         resumed_from = 0 if state is None else state.step
+        t0 = time.perf_counter()
         state = state or start(seeds, self.shape, init_seed=p.get("init_seed"))
         with torch.no_grad():
             text = self.model.encode(prompts)
+        compute_s = time.perf_counter() - t0
         base = None  # this attempt's first commit is the whole state; later ones append a step
         while state.step < cfg.steps:
             if self._stop:
                 await self.store.flush()
                 raise Preempted(f"{rid}: stopped after step {state.step} (committed)")
+            t0 = time.perf_counter()
             sde_advance(self.model, state, text, seeds, cfg)
+            compute_s += time.perf_counter() - t0
             # The sampler never writes into a past step's tensors, so the store client may own
             # these (views, no copy) while the next step runs.
             if base is None:
@@ -183,11 +187,13 @@ class WorkerCore:
             self.committed_step = base = state.step
             await asyncio.sleep(self.step_delay_s)  # yield: the flusher sends, stop/status run
 
+        t0 = time.perf_counter()
         rewards = np.asarray(self.reward(to_uint8_images(state.latents[-1].clamp(-1, 1)), prompts), np.float32)
+        compute_s += time.perf_counter() - t0
         key = trajectory_key(rid)
         # The final commit becomes the trajectory in the store: nothing is sent twice.
-        await self.store.seal_commit(rid, key, {"rewards": rewards}, {**meta, "attempt": lease.attempt})
-        return {"key": key, "rewards": [float(r) for r in rewards], "resumed_from": resumed_from}
+        await self.store.seal_commit(rid, state.step, key, {"rewards": rewards}, {**meta, "attempt": lease.attempt})
+        return {"key": key, "rewards": [float(r) for r in rewards], "resumed_from": resumed_from, "compute_s": compute_s}
 
     async def _resume(self, lease: m.LeaseGrant, meta: dict[str, Any]):
         """The state of the newest commit of this request, if it was made with these weights."""

@@ -339,10 +339,12 @@ class DropCommit(Message):
 @register("s.seal_commit")
 @dataclass(kw_only=True, slots=True)
 class SealCommit(Message):
-    """Move a request's commit to ``key`` as its result, with ``tensors`` added and ``meta`` as
-    its meta (the trajectory, without sending it again). Replied with Ok; NotFound if none."""
+    """Move a request's commit at ``step`` to ``key`` as its result, with ``tensors`` added and
+    ``meta`` as its meta (the trajectory, without sending it again). Replied with Ok; NotFound
+    if no commit at exactly ``step`` is held."""
 
     request_id: str
+    step: int
     key: str
     tensors: dict[str, Tensor]
     meta: dict[str, Any]

@@ -33,7 +33,7 @@ import inspect
 import itertools
 import logging
 import struct
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +310,16 @@ class RpcClient:
     async def call(self, msg: Message, *, timeout: float | None = None) -> Message:
         """Send ``msg`` and return its reply; raises ActorTimeout, or the error an ErrorReply
         names. ``timeout`` defaults to the client's."""
+        return await (await self.send(msg, timeout=timeout))
+
+    async def send(self, msg: Message, *, timeout: float | None = None) -> Coroutine[Any, Any, Message]:
+        """Send ``msg`` now and return the awaitable of its reply (which the caller must await).
+
+        Messages sent by successive ``send`` awaits leave in that order, and a server answers
+        one peer's messages in arrival order, so a caller can pipeline: send several, then
+        await their replies. ``timeout`` (the client's by default) bounds the send and the
+        reply wait, each.
+        """
         if self._sock is None or self._raw is None or self._reader is None:
             raise RuntimeError("RpcClient is not open (use 'async with')")
         if self._reader.done():  # the receive task died: surface why, every time
@@ -319,15 +329,26 @@ class RpcClient:
         fut = asyncio.get_running_loop().create_future()
         self._pending[corr] = fut
         try:
-            async with asyncio.timeout(wait):
-                frames = [corr, *encode(msg)]
-                try:  # the plain socket first: no future when the pipe has room (the usual case)
-                    self._raw.send_multipart(frames, zmq.NOBLOCK, copy=False)
-                    # The plain send may consume the fd edge of a reply that arrived meanwhile:
-                    # re-arm the reader's waiting recv (see RpcServer._send), or it never wakes.
-                    self._sock.get(zmq.EVENTS)
-                except zmq.Again:  # no peer yet, or the pipe is full: wait for room
+            frames = [corr, *encode(msg)]
+            try:  # the plain socket first: no future when the pipe has room (the usual case)
+                self._raw.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                # The plain send may consume the fd edge of a reply that arrived meanwhile:
+                # re-arm the reader's waiting recv (see RpcServer._send), or it never wakes.
+                self._sock.get(zmq.EVENTS)
+            except zmq.Again:  # no peer yet, or the pipe is full: wait for room
+                async with asyncio.timeout(wait):
                     await self._sock.send_multipart(frames, copy=False)
+        except TimeoutError:
+            self._pending.pop(corr, None)
+            raise ActorTimeout(f"{type(msg).__name__} to {self.endpoint}: not sent within {wait:g}s") from None
+        except BaseException:
+            self._pending.pop(corr, None)
+            raise
+        return self._reply(msg, corr, fut, wait)
+
+    async def _reply(self, msg: Message, corr: bytes, fut: asyncio.Future, wait: float) -> Message:
+        try:
+            async with asyncio.timeout(wait):
                 reply = await fut
         except TimeoutError:
             raise ActorTimeout(f"{type(msg).__name__} to {self.endpoint}: no reply within "

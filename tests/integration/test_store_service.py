@@ -133,13 +133,14 @@ async def test_append_commits_coalesce_then_seal_as_the_trajectory(store, shm):
         assert step == 8 and meta == {"step": 8, "attempt": 1}
         assert same_bits(tensors["lat"], np.concatenate([row(k) for k in range(9)]))
         assert tensors["lp"][:, 0].tolist() == list(range(8))
-        await worker.seal_commit("r", "traj/r", {"rewards": np.ones(2, np.float32)}, {"done": True})
+        worker.commit_nowait("r", 9, {"lat": row(9), "lp": np.full((1, 2), 8.0)}, {"step": 9}, attempt=1, base=8)
+        await worker.seal_commit("r", 9, "traj/r", {"rewards": np.ones(2, np.float32)}, {"done": True})
         assert await worker.get_commit("r") is None
         traj, meta = await worker.get("traj/r")
-        assert same_bits(traj["lat"], tensors["lat"]) and traj["rewards"].tolist() == [1.0, 1.0]
-        assert meta == {"done": True}
+        assert same_bits(traj["lat"], np.concatenate([tensors["lat"], row(9)]))  # the last commit went with it
+        assert traj["rewards"].tolist() == [1.0, 1.0] and meta == {"done": True}
         with pytest.raises(NotFound):
-            await worker.seal_commit("r", "traj/r")
+            await worker.seal_commit("r", 9, "traj/r")
 
 
 async def test_background_commit_error_surfaces_on_flush(store):
@@ -211,3 +212,15 @@ async def test_sigterm_exits_quickly_and_unlinks_segments(tmp_path):
     assert loop.time() - t0 < 2
     left = [n for n in os.listdir(store_shm.SHM_DIR) if n.startswith(f"{store_shm.PREFIX}{proc.pid}-")]
     assert left == []
+
+
+async def test_seal_behind_a_refused_commit_raises_the_refusal():
+    from spotlight.actors.tensor_store import TensorStoreConfig, TensorStoreCore
+
+    core = TensorStoreCore(TensorStoreConfig(max_bytes=64))
+    async with TensorStoreClient.local(core) as worker:
+        await worker.commit("r", 1, {"lat": np.zeros((2, 4), np.float32)})  # 32 B
+        worker.commit_nowait("r", 2, {"lat": np.zeros((9, 4), np.float32)}, base=1)  # refused: over the cap
+        with pytest.raises(CapacityError):  # not a trajectory missing its last step
+            await worker.seal_commit("r", 2, "traj/r")
+        assert core.get_commit("r")[0] == 1 and core.keys("traj/") == []

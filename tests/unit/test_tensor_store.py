@@ -119,17 +119,19 @@ def test_seal_moves_the_commit_to_a_key_without_copying_twice():
     core.commit("r", 1, {"lat": arr(4, 1.0)})
     core.commit("r", 2, {"lat": arr(4, 2.0)}, base=1)  # 32 B held
     with pytest.raises(CapacityError):
-        core.seal_commit("r", "traj/r", {"rewards": arr(18)})  # 32 + 72 > 100: nothing moves
+        core.seal_commit("r", 2, "traj/r", {"rewards": arr(18)})  # 32 + 72 > 100: nothing moves
     with pytest.raises(ValueError, match="already in the commit"):
-        core.seal_commit("r", "traj/r", {"lat": arr(1)})
+        core.seal_commit("r", 2, "traj/r", {"lat": arr(1)})
     with pytest.raises(ValueError, match="commit namespace"):
-        core.seal_commit("r", "commit/x")
-    assert core.seal_commit("r", "traj/r", {"rewards": arr(2, 0.5)}, {"worker": "w"}) == 2
+        core.seal_commit("r", 2, "commit/x")
+    with pytest.raises(NotFound, match="holds step 2"):  # the final commit never landed: refuse
+        core.seal_commit("r", 3, "traj/r")
+    core.seal_commit("r", 2, "traj/r", {"rewards": arr(2, 0.5)}, {"worker": "w"})
     tensors, meta = core.get("traj/r")
     assert tensors["lat"].tolist() == [1.0] * 4 + [2.0] * 4 and tensors["rewards"].tolist() == [0.5, 0.5]
     assert meta == {"worker": "w"} and core.get_commit("r") is None and core.bytes_held == 40
-    with pytest.raises(NotFound, match="no commit"):
-        core.seal_commit("r", "traj/r")
+    with pytest.raises(NotFound, match="holds none"):
+        core.seal_commit("r", 2, "traj/r")
     core.delete("traj/r")
     assert core.bytes_held == 0
 
