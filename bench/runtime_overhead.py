@@ -2,7 +2,8 @@
 """Runtime overhead: wall time per GRPO iteration through the actor runtime vs the in-process loop.
 
 Same recipe, same seeds, measured side by side in one invocation (modes interleaved, `--repeats`
-rounds, so a noisy neighbour hits every mode alike). Per-iteration time is the loop's own
+rounds, so a noisy neighbour hits every mode alike; each run in a fresh Python process, as a user
+runs it — runs sharing one process slowed every later run by up to 30%, measured). Per-iteration time is the loop's own
 explore + rollout + train/publish time (evaluation excluded); iteration 0 is a warm-up and left
 out; the table shows medians. Modes:
 
@@ -26,8 +27,11 @@ Two measures of the one-worker overhead:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -80,6 +84,16 @@ def one_run(args, name: str, out: str) -> tuple[list[float], list, dict, dict | 
     return iter_s[1:], [r["rewards"] for r in its], parts, same_run
 
 
+def run_in_child(name: str, out: str) -> tuple:
+    """``one_run`` in a fresh interpreter (this script with ``--one``); its JSON result."""
+    cmd = [sys.executable, __file__, *sys.argv[1:], "--one", name, "--out", out]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"{name} run failed:\n{done.stderr[-3000:]}")
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    return r["its"], r["rewards"], r["parts"], r["same_run"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--iterations", type=int, default=6)
@@ -91,10 +105,15 @@ def main() -> None:
     p.add_argument("--model", choices=sorted(MODELS), default="micro")
     p.add_argument("--image-size", type=int, default=None, help="default: 16 for micro, the recipe's for tiny")
     p.add_argument("--no-explore", dest="explore", action="store_false", help="random seeds (no explore phase)")
+    p.add_argument("--one", choices=list(MODES), help=argparse.SUPPRESS)  # internal: one run, JSON out
+    p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.image_size is None and args.model == "micro":
         args.image_size = 16
     torch.set_num_threads(1)
+    if args.one:
+        print(json.dumps(dict(zip(("its", "rewards", "parts", "same_run"), one_run(args, args.one, args.out)))))
+        return
     times: dict[str, list[float]] = {k: [] for k in MODES}
     parts: dict[str, list[dict]] = {k: [] for k in MODES}
     same_runs: list[dict] = []
@@ -103,7 +122,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for name in MODES:
                 t0 = time.monotonic()
-                its, rw, pt, same_run = one_run(args, name, out)
+                its, rw, pt, same_run = run_in_child(name, out)
                 same_runs += [same_run] if same_run is not None else []
                 print(f"  {name:18s} run {time.monotonic() - t0:6.1f}s (incl. startup)", flush=True)
                 times[name] += its
