@@ -11,9 +11,10 @@ service (``ShmLend``), copies into it once, and the service adopts it without co
 out once and check the segment's generation. The service owns every segment (see ``store_shm``).
 
 Commits. ``commit_nowait`` returns at once; an owned flusher task sends pending commits in order.
-Pending commits of one request coalesce (a full commit replaces what is pending; an append
-(``base=``) extends it, rows concatenated), so a worker committing every step never waits on the
-network and never sends a step twice. At most ``max_pending`` requests may
+Each commit is sent at the worker's next yield without waiting for earlier replies (up to
+``MAX_IN_FLIGHT`` unanswered); beyond that, pending commits of one request coalesce (a full
+commit replaces what is pending; an append (``base=``) extends it, rows concatenated), so a
+worker committing every step never waits on the network and never sends a step twice. At most ``max_pending`` requests may
 have a commit pending; beyond that ``commit_nowait`` raises ``CapacityError`` (await ``flush``).
 A failed background commit is raised by the next ``commit_nowait`` or ``flush``.
 ``commit_nowait`` takes ownership of the arrays: do not write into them afterwards.
@@ -86,6 +87,10 @@ async def _translated(reply: Awaitable[Any]) -> Any:
         raise
 
 
+MAX_IN_FLIGHT = 8
+"""Commits/seals sent and not yet answered, per client; more pending ones wait and coalesce."""
+
+
 def _is_local(endpoint: str) -> bool:
     if endpoint.startswith("ipc://"):
         return True
@@ -111,6 +116,9 @@ class TensorStoreClient:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._in_flight = 0  # ops sent whose replies are not settled yet
+        self._settled = asyncio.Event()
+        self._settling: set[asyncio.Task] = set()
         self._error: BaseException | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._flusher: asyncio.Task | None = None
@@ -152,6 +160,8 @@ class TensorStoreClient:
         finally:
             assert self._tg is not None and self._flusher is not None
             self._flusher.cancel()
+            for task in self._settling:  # unanswered after a failure: nobody waits for them
+                task.cancel()
             try:
                 await self._tg.__aexit__(None, None, None)
             finally:
@@ -300,28 +310,48 @@ class TensorStoreClient:
             raise err
 
     async def _flush_loop(self) -> None:
-        # Pipelined: every pending op is sent (in order) before any reply is awaited, so a
-        # seal queued right behind its request's last commit costs one round trip, not two.
+        # Sends every pending op as soon as the loop runs it (a worker yields once per step, so
+        # each step's commit leaves during that yield), never waiting for replies: they are
+        # settled by owned tasks, at most MAX_IN_FLIGHT at a time; beyond that, pending commits
+        # coalesce until replies come back. A seal queued behind its request's last commit
+        # leaves right after it: one round trip for both.
+        assert self._tg is not None
         while True:
             await self._wake.wait()
             self._wake.clear()
-            sent: list[tuple[_PendingCommit | _Seal, Coroutine]] = []
             while self._pending:
+                while self._in_flight >= MAX_IN_FLIGHT:
+                    self._settled.clear()
+                    await self._settled.wait()
                 _, op = self._pending.popitem(last=False)
+                self._in_flight += 1  # from now on: being sent counts as in flight (not idle)
                 try:
-                    sent.append((op, await self._send_op(op)))
+                    reply = await self._send_op(op)
                 except Exception as e:
+                    self._in_flight -= 1
                     self._op_failed(op, e)
-            for op, reply in sent:
-                try:
-                    await reply
-                except Exception as e:
-                    self._op_failed(op, e)
-                else:
-                    if isinstance(op, _Seal) and not op.done.done():
-                        op.done.set_result(None)
-            if not self._pending:
-                self._idle.set()
+                    continue
+                task = self._tg.create_task(self._settle(op, reply), name="store-commit-reply")
+                self._settling.add(task)
+                task.add_done_callback(self._settling.discard)
+            self._check_idle()
+
+    async def _settle(self, op: _PendingCommit | _Seal, reply: Coroutine) -> None:
+        try:
+            await reply
+        except Exception as e:
+            self._op_failed(op, e)
+        else:
+            if isinstance(op, _Seal) and not op.done.done():
+                op.done.set_result(None)
+        finally:
+            self._in_flight -= 1
+            self._settled.set()
+            self._check_idle()
+
+    def _check_idle(self) -> None:
+        if not self._pending and self._in_flight == 0:
+            self._idle.set()
 
     async def _send_op(self, op: _PendingCommit | _Seal) -> Coroutine:
         if isinstance(op, _Seal):

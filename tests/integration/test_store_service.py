@@ -224,3 +224,34 @@ async def test_seal_behind_a_refused_commit_raises_the_refusal():
         with pytest.raises(CapacityError):  # not a trajectory missing its last step
             await worker.seal_commit("r", 2, "traj/r")
         assert core.get_commit("r")[0] == 1 and core.keys("traj/") == []
+
+
+async def test_each_step_commit_leaves_during_the_yield_after_it(store):
+    """A worker yields once per step and then computes (blocking its loop). The step's commit
+    must be on its way during that one yield: another client sees it while the worker still
+    computes, step after step (not coalesced into a later step's send)."""
+    import concurrent.futures
+    import time
+
+    def newest_step_seen(want: int) -> int | None:  # another client, in another thread
+        async def poll() -> int | None:
+            async with TensorStoreClient.remote(store, shm=False, timeout=5) as reader:
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    held = await reader.get_commit("w")
+                    if held is not None and held[0] >= want:
+                        return held[0]
+                    await asyncio.sleep(0.005)
+                return None if held is None else held[0]
+        return asyncio.run(poll())
+
+    with concurrent.futures.ThreadPoolExecutor(1) as other:
+        async with TensorStoreClient.remote(store, shm=False, timeout=20) as worker:
+            for step in range(1, 7):
+                rows = np.full((step + 1 if step == 1 else 1, 4), float(step), np.float32)
+                worker.commit_nowait("w", step, {"lat": rows}, base=None if step == 1 else step - 1)
+                await asyncio.sleep(0)  # the worker's one yield per step
+                # ...then "compute": this loop is blocked while the other client looks.
+                assert other.submit(newest_step_seen, step).result(10) == step
+            await worker.flush(timeout=20)
+            assert (await worker.get_commit("w"))[1]["lat"][:, 0].tolist() == [1, 1, 2, 3, 4, 5, 6]
