@@ -84,6 +84,39 @@ def one_run(args, name: str, out: str) -> tuple[list[float], list, dict, dict | 
     return iter_s[1:], [r["rewards"] for r in its], parts, same_run
 
 
+def paired(args) -> None:
+    """``--paired``: the in-process loop and the loop through a one-worker runtime, built side by
+    side in this process and stepped iteration by iteration in alternating order (ABBA...), so
+    both see the machine at the same minute. Prints each iteration's pair and the median ratio."""
+    from spotlight.actors.runtime import LocalRuntime
+    from spotlight.loop import Loop
+
+    with tempfile.TemporaryDirectory() as out:
+        ref = Loop(recipe(args, "in-process", 1, 0, out), progress=False)
+        rt_recipe = recipe(args, "runtime", 1, 0, out)
+        with LocalRuntime(rt_recipe) as rt:
+            run = Loop(rt_recipe, executor_factory=rt.executor, progress=False)
+            print(f"{'iter':>4s} {'in-process s':>12s} {'runtime s':>10s} {'ratio':>6s}  first")
+            ratios, pairs = [], []
+            for it in range(args.iterations):
+                order = (ref, run) if it % 4 in (0, 3) else (run, ref)
+                done = {id(loop): loop.step(it) for loop in order}
+                a, b = done[id(ref)], done[id(run)]
+                assert a["rewards"] == b["rewards"], f"iteration {it}: rewards differ"
+                ta, tb = (r["explore_s"] + r["rollout_s"] + r["train_s"] for r in (a, b))
+                first = "in-process" if order[0] is ref else "runtime"
+                print(f"{it:4d} {ta:12.3f} {tb:10.3f} {tb / ta:6.3f}  {first}", flush=True)
+                if it > 0:  # iteration 0 warms up both
+                    ratios.append(tb / ta)
+                    pairs.append((ta, tb))
+    size = args.image_size or load_recipe("tiny").model.image_size
+    print(f"\n{args.model} model, {size}px, {args.prompts} prompts x G={args.group}, M={args.candidates}, "
+          f"{args.steps} steps; {len(ratios)} paired iterations; torch threads 1; cores {os.cpu_count()}")
+    print(f"runtime (1 worker) / in-process, same iteration, same minute: median {statistics.median(ratios):.3f}x, "
+          f"total {sum(b for _, b in pairs) / sum(a for a, _ in pairs):.3f}x "
+          f"(range {min(ratios):.3f}-{max(ratios):.3f}); same rewards every iteration: yes")
+
+
 def run_in_child(name: str, out: str) -> tuple:
     """``one_run`` in a fresh interpreter (this script with ``--one``); its JSON result."""
     cmd = [sys.executable, __file__, *sys.argv[1:], "--one", name, "--out", out]
@@ -105,12 +138,17 @@ def main() -> None:
     p.add_argument("--model", choices=sorted(MODELS), default="micro")
     p.add_argument("--image-size", type=int, default=None, help="default: 16 for micro, the recipe's for tiny")
     p.add_argument("--no-explore", dest="explore", action="store_false", help="random seeds (no explore phase)")
+    p.add_argument("--paired", action="store_true",
+                   help="step the in-process and the 1-worker runtime loops alternately in one process")
     p.add_argument("--one", choices=list(MODES), help=argparse.SUPPRESS)  # internal: one run, JSON out
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.image_size is None and args.model == "micro":
         args.image_size = 16
     torch.set_num_threads(1)
+    if args.paired:
+        paired(args)
+        return
     if args.one:
         print(json.dumps(dict(zip(("its", "rewards", "parts", "same_run"), one_run(args, args.one, args.out)))))
         return

@@ -194,8 +194,8 @@ class RequestQueueCore:
         now, expired = self.clock(), []
         while self._leases and self._leases[0][0] <= now:
             deadline, rid, attempt = heapq.heappop(self._leases)
-            rec = self._requests[rid]
-            if rec.state == "leased" and rec.attempt == attempt and rec.deadline == deadline:
+            if self._live_lease(rid, attempt, deadline):
+                rec = self._requests[rid]
                 self.counters["expired"] += 1
                 expired.append(rid)
                 self._count_failure(rec, f"lease expired (worker {rec.worker_id})")
@@ -205,11 +205,16 @@ class RequestQueueCore:
         """The nearest live lease deadline, or None when nothing is leased."""
         while self._leases:
             deadline, rid, attempt = self._leases[0]
-            rec = self._requests[rid]
-            if rec.state == "leased" and rec.attempt == attempt and rec.deadline == deadline:
+            if self._live_lease(rid, attempt, deadline):
                 return deadline
-            heapq.heappop(self._leases)  # superseded by a heartbeat, or finished
+            heapq.heappop(self._leases)  # superseded by a heartbeat, finished, or forgotten
         return None
+
+    def _live_lease(self, rid: str, attempt: int, deadline: float) -> bool:
+        """Whether a lease-heap entry is still the request's current lease (entries of renewed,
+        finished and forgotten requests stay in the heap and are skipped lazily)."""
+        rec = self._requests.get(rid)
+        return rec is not None and rec.state == "leased" and rec.attempt == attempt and rec.deadline == deadline
 
     # --- iterations -------------------------------------------------------------------------
     async def wait_iteration(self, iteration: int, timeout_s: float | None = None) -> m.IterationDone:

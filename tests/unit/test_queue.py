@@ -154,6 +154,22 @@ async def test_wait_iteration_returns_results_in_request_order(core: RequestQueu
     assert core.stats()["now_done"] == 0
 
 
+def test_forgotten_requests_leave_no_live_deadline(core: RequestQueueCore, clock: FakeClock) -> None:
+    """Lease-heap entries outlive the requests they name; once an iteration is forgotten, its
+    stale entries must be skipped when their old deadline passes (they once crashed the queue)."""
+    core.submit([req("a", iteration=1), req("b", iteration=1), req("c", iteration=2)])
+    a, b, c = core.pull("w1"), core.pull("w2"), core.pull("w3")
+    clock.now += 1.0
+    core.heartbeat("a", a.attempt, "w1")  # a renewed lease: two heap entries for "a"
+    core.complete("a", a.attempt, "w1", {"ok": True})
+    core.complete("b", b.attempt, "w2", {"ok": True})
+    core.forget_iteration(1)
+    assert core.next_deadline() == c.deadline  # only the live lease of the unforgotten iteration
+    clock.now += 100.0  # past every deadline in the heap, the forgotten ones included
+    assert core.expire_leases() == ["c"]
+    assert core.next_deadline() is None and core.stats()["now_queued"] == 1  # c waits for attempt 2
+
+
 async def test_long_poll_pull_wakes_on_submit(core: RequestQueueCore) -> None:
     async with asyncio.TaskGroup() as tg:
         waiting = tg.create_task(core.wait_pull("w", ["rollout"], 1, max_wait_s=5))
