@@ -1,4 +1,5 @@
-# OMP_NUM_THREADS=1 python bench/runtime_overhead.py --iterations 6 --repeats 2
+# OMP_NUM_THREADS=1 python bench/runtime_overhead.py --paired --model tiny --iterations 17
+# OMP_NUM_THREADS=1 python bench/runtime_overhead.py --model tiny --iterations 4 --repeats 3
 """Runtime overhead: wall time per GRPO iteration through the actor runtime vs the in-process loop.
 
 Same recipe, same seeds, measured side by side in one invocation (modes interleaved, `--repeats`
@@ -14,7 +15,11 @@ out; the table shows medians. Modes:
 
 Every mode must produce the same per-iteration rewards (checked). Goal: overhead <= 5%.
 
-Two measures of the one-worker overhead:
+`--paired` is the cleanest wall-time comparison: the in-process loop and the loop through a
+one-worker runtime are built side by side in one process and stepped iteration by iteration in
+alternating order (ABBA), so each pair of iterations sees the machine in the same minute.
+
+Two more measures of the one-worker overhead, from the interleaved runs:
 - "vs in-process": median s/iter against the in-process runs of the same invocation. Honest but
   exposed to the machine: on the shared 2-vCPU VM the same forward pass takes 48-82 ms from one
   second to the next (measured), so runs a minute apart can differ by 20% for no reason of ours.
