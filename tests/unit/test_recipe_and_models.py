@@ -28,10 +28,21 @@ def test_builtin_recipe_loads_with_overrides():
     ("grpo.lr=\"fast\"", "grpo.lr"),
     ("model.dit_class=\"UNet2DModel\"", "model.dit_class"),
     ("run.mode=\"cloud\"", "run.mode"),
+    ("run.reserved_workers=-1", "run.reserved_workers"),
+    ("run.spot_workers=-2", "run.spot_workers"),
 ])
 def test_bad_recipe_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_recipe("tiny", [override])
+
+
+def test_runtime_on_one_machine_needs_a_worker():
+    from spotlight import Experiment
+
+    recipe = load_recipe("tiny", ['run.mode="runtime"', "run.reserved_workers=0", "run.spot_workers=0"])
+    with pytest.raises(ConfigError, match="needs a worker"):  # before any process starts
+        Experiment(recipe).run(progress=False)
+    assert load_recipe("tiny", ["run.reserved_workers=0"]).run.reserved_workers == 0  # a train-only reserved node
 
 
 def test_bad_recipe_file(tmp_path):
