@@ -175,8 +175,8 @@ class NodeAgent:
         self.queue: QueueClient | None = None
         self.lost: str | None = None
         """Why the agent left on its own (the queue unreachable), or None."""
-        self._notice = asyncio.Event()
-        self._last_contact = 0.0
+        self._notice: asyncio.Event | None = None  # run()'s: set to leave
+        self._last_contact = 0.0  # loop time of the queue's last answer
         self.stats = {"completed": 0, "failed": 0, "released": 0, "worker_deaths": 0, "stale": 0}
 
     # --- lifetime ------------------------------------------------------------------------------
@@ -189,6 +189,7 @@ class NodeAgent:
             async with RpcClient(c.controller, timeout=c.rpc_timeout_s, curve=curve) as ctl:
                 reg = await ctl.call(m.Register(node_id=c.node_id, kind=c.kind, workers=c.workers))
                 self.lease_s, self.store, self.recipe = reg.lease_s, reg.store, reg.recipe
+                self._last_contact = asyncio.get_running_loop().time()
                 async with RpcClient(reg.queue, timeout=c.rpc_timeout_s, curve=curve) as qrpc:
                     self.queue = QueueClient.remote(qrpc)
                     self.workers = [WorkerHandle(i, c.node_id, sock_dir) for i in range(c.workers)]
@@ -281,11 +282,11 @@ class NodeAgent:
         """A pull timed out. Once the queue has been silent for ``queue_lost_s`` the reserved
         side is gone (or cut off): leave cleanly instead of pulling forever."""
         now = asyncio.get_running_loop().time()
-        self._last_contact = self._last_contact or now
         log.warning("queue did not answer: %s", e)
         if now - self._last_contact >= self.config.queue_lost_s and self.lost is None:
             self.lost = f"the request queue has not answered for {now - self._last_contact:.0f}s; node left"
             log.error("%s", self.lost)
+            assert self._notice is not None
             self._notice.set()
 
     async def _complete(self, h: WorkerHandle, lease: m.LeaseGrant, result: dict) -> None:

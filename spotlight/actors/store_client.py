@@ -14,8 +14,9 @@ Commits. ``commit_nowait`` returns at once; an owned flusher task sends pending 
 Each commit is sent at the worker's next yield without waiting for earlier replies (up to
 ``MAX_IN_FLIGHT`` unanswered); beyond that, pending commits of one request coalesce (a full
 commit replaces what is pending; an append (``base=``) extends it, rows concatenated), so a
-worker committing every step never waits on the network and never sends a step twice. At most ``max_pending`` requests may
-have a commit pending; beyond that ``commit_nowait`` raises ``CapacityError`` (await ``flush``).
+worker committing every step never waits on the network and never sends a step twice. At most
+``max_pending`` requests may have a commit pending; beyond that ``commit_nowait`` raises
+``CapacityError`` (await ``flush``).
 A failed background commit is raised by the next ``commit_nowait`` or ``flush``.
 ``commit_nowait`` takes ownership of the arrays: do not write into them afterwards.
 """
@@ -397,7 +398,7 @@ class TensorStoreClient:
         self._wake.set()
         try:
             async with asyncio.timeout(self._timeout):
-                await asyncio.shield(seal.done)
+                await seal.done
         except Exception:
             self._raise_background_error()  # the root cause (a refused commit) first
             raise

@@ -4,8 +4,6 @@ cleanly (workers stopped, one clear line, exit 2) instead of pulling forever or 
 from __future__ import annotations
 
 import asyncio
-import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,38 +19,21 @@ TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_
         "model.patch=4", "sampler.steps=3", "run.group_size=4"]
 
 
-async def _spawn(*args: str, ready: str) -> tuple[asyncio.subprocess.Process, str]:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", *args, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
-    async with asyncio.timeout(60):
-        line = (await proc.stdout.readline()).decode()
-    assert line.startswith(ready), (line, (await proc.stderr.read()).decode()[-2000:])
-    return proc, line.split()[-1]
-
-
-async def test_agent_leaves_when_the_queue_is_gone(tmp_path: Path) -> None:
-    queue, q_ep = await _spawn("spotlight.actors.queue", "--bind", f"ipc://{tmp_path}/q.sock", ready="ready ")
-    store, s_ep = await _spawn("spotlight.actors.tensor_store", "--bind", f"ipc://{tmp_path}/s.sock",
-                               ready="tensor store ready on ")
-    agent = None
-    try:
-        core = ControllerCore(load_recipe("tiny", TINY), q_ep, s_ep, lease_s=5.0)
-        async with RpcServer(controller_handlers(core), bind=f"ipc://{tmp_path}/c.sock") as controller:
-            agent, _ = await _spawn("spotlight.actors.node_agent", "--controller", controller.endpoint,
-                                    "--queue-lost-s", "1", "--rpc-timeout-s", "0.5", ready="agent ready ")
-            workers = descendants(agent.pid)
-            assert len(workers) == 1
-            queue.kill()  # the reserved node's queue dies (a crash, a network partition)
-            await queue.wait()
-            async with asyncio.timeout(20):  # silent for 1 s + one pull timeout + leaving
-                code = await agent.wait()
-            err = (await agent.stderr.read()).decode()
-            assert code == 2, err[-2000:]
-            assert "has not answered" in err and "Traceback" not in err, err[-2000:]
-            assert not [p for p in workers if alive(p)]  # its worker left with it
-            assert "node left" in err
-    finally:
-        for proc in (agent, queue, store):
-            if proc is not None and proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-                await proc.wait()
+async def test_agent_leaves_when_the_queue_is_gone(tmp_path: Path, spawn) -> None:
+    queue, q_ep = await spawn("spotlight.actors.queue", "--bind", f"ipc://{tmp_path}/q.sock", ready="ready ")
+    _, s_ep = await spawn("spotlight.actors.tensor_store", "--bind", f"ipc://{tmp_path}/s.sock",
+                          ready="tensor store ready on ")
+    core = ControllerCore(load_recipe("tiny", TINY), q_ep, s_ep, lease_s=5.0)
+    async with RpcServer(controller_handlers(core), bind=f"ipc://{tmp_path}/c.sock") as controller:
+        agent, _ = await spawn("spotlight.actors.node_agent", "--controller", controller.endpoint,
+                               "--queue-lost-s", "1", "--rpc-timeout-s", "0.5", ready="agent ready ")
+        workers = descendants(agent.pid)
+        assert len(workers) == 1
+        queue.kill()  # the reserved node's queue dies (a crash, a network partition)
+        await queue.wait()
+        async with asyncio.timeout(20):  # silent for 1 s + one pull timeout + leaving
+            code = await agent.wait()
+        err = (await agent.stderr.read()).decode()
+        assert code == 2, err[-2000:]
+        assert "has not answered" in err and "node left" in err and "Traceback" not in err, err[-2000:]
+        assert not [p for p in workers if alive(p)]  # its worker left with it

@@ -47,31 +47,21 @@ def keys(tmp_path: Path) -> dict[str, Path]:
     return {"reserved": reserved, "good": good, "bad": bad}
 
 
-async def _spawn(module: str, ready: str, *args: str) -> tuple[asyncio.subprocess.Process, str]:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", module, *args,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    async with asyncio.timeout(30):
-        line = (await proc.stdout.readline()).decode()
-    assert line.startswith(ready), (line, await proc.stderr.read())
-    return proc, line.split()[-1]
-
-
 @pytest.fixture
-async def services(keys: dict[str, Path], tmp_path: Path) -> AsyncIterator[dict[str, str]]:
+async def services(keys: dict[str, Path], spawn) -> AsyncIterator[dict[str, str]]:
     reserved = str(keys["reserved"])
-    queue, q_ep = await _spawn("spotlight.actors.queue", "ready ", "--bind", "tcp://127.0.0.1:0", "--keys", reserved)
-    store, s_ep = await _spawn("spotlight.actors.tensor_store", "tensor store ready on ",
-                               "--bind", "tcp://127.0.0.1:0", "--keys", reserved)
+    queue, q_ep = await spawn("spotlight.actors.queue", "--bind", "tcp://127.0.0.1:0", "--keys", reserved,
+                              ready="ready ")
+    store, s_ep = await spawn("spotlight.actors.tensor_store", "--bind", "tcp://127.0.0.1:0", "--keys", reserved,
+                              ready="tensor store ready on ")
     core = ControllerCore(load_recipe("tiny", TINY), q_ep, s_ep, lease_s=5.0)
-    try:
-        async with RpcServer(controller_handlers(core), bind="tcp://127.0.0.1:0",
-                             curve=cluster_server_keys(reserved)) as controller:
-            yield {"queue": q_ep, "store": s_ep, "controller": controller.endpoint}
-    finally:
-        for proc in (queue, store):
-            proc.send_signal(signal.SIGTERM)
-            async with asyncio.timeout(10):
-                assert await proc.wait() == 0
+    async with RpcServer(controller_handlers(core), bind="tcp://127.0.0.1:0",
+                         curve=cluster_server_keys(reserved)) as controller:
+        yield {"queue": q_ep, "store": s_ep, "controller": controller.endpoint}
+    for proc in (queue, store):  # CURVE or not, they still stop cleanly
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            assert await proc.wait() == 0
 
 
 # One harmless request per socket: each answers it with a typed reply.
