@@ -21,8 +21,9 @@ alternating order (ABBA), so each pair of iterations sees the machine in the sam
 
 Two more measures of the one-worker overhead, from the interleaved runs:
 - "vs in-process": median s/iter against the in-process runs of the same invocation. Honest but
-  exposed to the machine: on the shared 2-vCPU VM the same forward pass takes 48-82 ms from one
-  second to the next (measured), so runs a minute apart can differ by 20% for no reason of ours.
+  exposed to the machine: on the shared 2-vCPU VM one process's speed swings by ±10% and a fresh
+  process runs the same work ~12% slower than a warm one (bench/machine_noise.py), so runs a
+  minute apart can differ by 20% for no reason of ours.
 - "same run": inside each one-worker run, the time the runtime adds to an iteration — per batch,
   wall time minus the time the worker spent computing (model, sampler, reward: `compute_s`),
   plus publishing the weights — over the iteration's time minus that (the work itself). Both
