@@ -43,43 +43,6 @@ from spotlight.recipe import Recipe
 log = logging.getLogger(__name__)
 
 
-def descendants(pid: int) -> list[int]:
-    """PIDs of every live descendant of ``pid`` (reads /proc; no psutil)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        if fields[0] != "Z":  # a zombie is already dead, only not yet reaped
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    from spotlight.actors.worker import die_with_parent
-
-    die_with_parent()
-
-
 class LocalRuntime:
     """Context manager owning the runtime's processes; see the module docstring."""
 

@@ -2,17 +2,35 @@
 
 For each prompt of the scene grammar (`spotlight.data.scenes`) the reward checks the constraints the
 prompt states — colour present, count per colour, shape, relative position — with plain image
-analysis: nearest-palette colour masks and connected components. Score = mean of the constraint
-scores, each in [0, 1], with partial credit (a count off by one of three earns 2/3, shapes are the
-fraction of objects with the right outline, and "only the stated colours" is the fraction of
-object pixels that are of a stated colour). Partial credit matters for RL: a reward with few
-levels leaves many GRPO groups with zero variance, and those teach nothing.
+analysis, in three stages:
 
-Knows nothing of models or training: images in, scores out.
+1. **Pixels → colour masks**: each pixel takes its nearest palette colour (or background).
+2. **Masks → objects**: 8-connected components of one colour; fragments whose gap is a single
+   background pixel are one object (the renderer keeps objects >= 2 px apart, a blurry sample
+   splits one object into pieces), then specks (< 1/64 of the canvas) and washes (> 35%) are
+   dropped. Counts are counts of these objects.
+3. **Objects → shapes**: an object is compared with ideal outlines (circle, square, triangle in
+   four orientations) drawn in the square box its bounding box implies; it *is* the outline with
+   the highest overlap (IoU) if that overlap is >= `MIN_IOU` and its bounding box is not elongated
+   (aspect <= `MAX_ASPECT`), else it has no shape. A bar, a ragged blob, two merged objects or a
+   staircase of blocks has no shape; a square does not pass for a circle (IoU pi/4 < 1).
+
+Score = mean of the constraint scores, each in [0, 1], with partial credit: a count off by one of
+three earns 2/3, shape is the fraction of the named objects drawn with the named outline (credited
+in proportion to how cleanly, see `shape_credit`), the relation is checked between the objects the
+prompt names (the best-drawn object of each named colour; half credit when they hold the relation
+but are not drawn as the named shapes), and "only the stated colours" is the
+fraction of object pixels that are of a stated colour. Partial credit matters for RL: a reward with
+few levels leaves many GRPO groups with zero variance, and those teach nothing.
+
+The validation (renders with true and perturbed captions, adversarial images) is
+tests/unit/test_compositional.py; the shape confusion matrix is `bench/reward_validation.py`
+(docs/REWARD.md). Knows nothing of models or training: images in, scores out.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,23 +41,43 @@ from spotlight.rewards.base import RewardFn, register_reward
 
 _COLORS = list(PALETTE)
 _CENTRES = np.array([BACKGROUND, *PALETTE.values()], dtype=np.float32)  # index 0 = background
+_EIGHT = np.ones((3, 3), dtype=bool)
+
+MIN_IOU = 0.78
+"""An object below this overlap with its best outline is no shape (a ragged blob)."""
+FULL_IOU = 0.88
+"""At or above this overlap the shape earns full credit; between MIN_IOU and it, a linear ramp."""
+MAX_ASPECT = 1.25
+"""Bounding boxes longer than this ratio of their sides are bars: no shape (renders are 1:1)."""
+_SUPER = 4  # sub-pixel samples per pixel side when rasterising the ideal outlines
 
 
 @dataclass(frozen=True, slots=True)
 class Blob:
-    """One connected component of one colour."""
+    """One object: a connected component (fragments joined) of one colour."""
 
     color: str
     area: int
     cy: float
     cx: float
-    fill: float  # area / bounding-box area: ~1 square, ~0.78 circle, ~0.5 triangle
+    fill: float  # area / bounding-box area (kept for reports)
+    aspect: float  # long side / short side of the bounding box
+    ious: tuple[float, float, float]  # overlap with the ideal circle, square, triangle
 
     @property
     def shape(self) -> str:
-        if self.fill >= 0.88:
-            return "square"
-        return "circle" if self.fill >= 0.64 else "triangle"
+        """'circle' | 'square' | 'triangle', or 'none' for a bar or a shapeless blob."""
+        if self.aspect > MAX_ASPECT:
+            return "none"
+        best = int(np.argmax(self.ious))
+        return ("circle", "square", "triangle")[best] if self.ious[best] >= MIN_IOU else "none"
+
+    def shape_credit(self, shape: str) -> float:
+        """Credit for being drawn as `shape`: 0 unless it is that shape; 1 from FULL_IOU up."""
+        if self.shape != shape:
+            return 0.0
+        iou = self.ious[("circle", "square", "triangle").index(shape)]
+        return float(min(1.0, (iou - MIN_IOU) / (FULL_IOU - MIN_IOU) * 0.5 + 0.5))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,52 +89,127 @@ class Analysis:
 
 
 def analyse(image: np.ndarray, max_distance: float = 110.0, min_area: int | None = None) -> Analysis:
-    """Colour masks + connected components of one uint8 image [H, W, 3].
+    """Colour masks -> objects -> shapes of one uint8 image [H, W, 3].
 
-    Components smaller than `min_area` (default: 1/64 of the canvas, 16 px at 32x32) are specks,
-    not objects: noise must not pass for a count.
+    Objects smaller than `min_area` (default: 1/64 of the canvas, 16 px at 32x32) are specks, not
+    objects: noise must not pass for a count.
     """
-    min_area = max(4, image.shape[0] * image.shape[1] // 64) if min_area is None else min_area
+    h, w = image.shape[:2]
+    min_area = max(4, h * w // 64) if min_area is None else min_area
     px = image.reshape(-1, 3).astype(np.float32)
     d = ((px[:, None, :] - _CENTRES[None]) ** 2).sum(-1)
     label = d.argmin(1)
     label[d.min(1) > max_distance**2] = 0  # far from every palette colour: not an object pixel
-    label = label.reshape(image.shape[:2])
+    label = label.reshape(h, w)
     blobs = []
     for i, color in enumerate(_COLORS, start=1):
-        mask = label == i
-        comps, n = ndimage.label(mask)
-        for j, sl in enumerate(ndimage.find_objects(comps), start=1):
-            comp = comps[sl] == j
+        for comp in _objects(label == i, min_area):
             area = int(comp.sum())
-            if area < min_area or area > image.shape[0] * image.shape[1] * 0.35:
-                continue  # a speck, or a wash of colour over the canvas: not an object
-            ys, xs = np.nonzero(comp)
-            box = comp.shape[0] * comp.shape[1]
-            blobs.append(Blob(color, area, ys.mean() + sl[0].start, xs.mean() + sl[1].start, area / box))
+            if area > h * w * 0.35:
+                continue  # a wash of colour over the canvas: not an object
+            blobs.append(_describe(color, comp, area))
     return Analysis(tuple(blobs))
+
+
+def _objects(mask: np.ndarray, min_area: int) -> list[np.ndarray]:
+    """Boolean masks of the objects in `mask`.
+
+    An object is an 8-connected component of at least `min_area` pixels with a solid core (at
+    least min_area/4 interior pixels — random noise makes long threads, not cores); components that only one
+    background pixel separates (their 1-px dilations overlap) are one object, and smaller fragments
+    that close join the object they belong to (they change its outline, not the count). Fragments
+    near no object are specks: noise must not pass for an object.
+    """
+    comps, n = ndimage.label(mask, structure=_EIGHT)
+    if n == 0:
+        return []
+    index = np.arange(1, n + 1)
+    areas = ndimage.sum_labels(mask, comps, index=index)
+    # a solid core, not a thread of noise pixels: interior pixels (all 8 neighbours set) too
+    inner = ndimage.sum_labels(ndimage.binary_erosion(mask, structure=_EIGHT), comps, index=index)
+    big = [j for j in index if areas[j - 1] >= min_area and inner[j - 1] >= max(1, min_area // 4)]
+    if not big:
+        return []
+    grown = {j: ndimage.binary_dilation(comps == j, structure=_EIGHT) for j in range(1, n + 1)}
+    parent = {j: j for j in big}
+
+    def root(a: int) -> int:
+        while parent[a] != a:
+            a = parent[a]
+        return a
+
+    for i, a in enumerate(big):
+        for b in big[i + 1:]:
+            if (grown[a] & grown[b]).any():
+                parent[root(b)] = root(a)
+    objects = {r: np.zeros_like(mask) for r in {root(j) for j in big}}
+    for j in range(1, n + 1):
+        home = root(j) if j in parent else next((root(b) for b in big if (grown[j] & grown[b]).any()), None)
+        if home is not None:
+            objects[home] |= comps == j
+    return list(objects.values())
+
+
+def _describe(color: str, comp: np.ndarray, area: int) -> Blob:
+    ys, xs = np.nonzero(comp)
+    y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
+    box = comp[y0:y1, x0:x1]
+    bh, bw = box.shape
+    ious = tuple(max(_iou(box, t) for t in _outlines(kind, bh, bw)) for kind in ("circle", "square", "triangle"))
+    return Blob(color, area, float(ys.mean()), float(xs.mean()), area / (bh * bw), max(bh, bw) / min(bh, bw),
+                ious)
+
+
+def _iou(mask: np.ndarray, ideal: np.ndarray) -> float:
+    union = (mask | ideal).sum()
+    return float((mask & ideal).sum() / union) if union else 0.0
+
+
+@functools.lru_cache(maxsize=4096)
+def _outlines(kind: str, h: int, w: int) -> tuple[np.ndarray, ...]:
+    """Ideal masks of `kind` filling an h x w bounding box: a pixel is in when at least half of its
+    sub-pixel samples are. Triangles in four orientations (apex up — the renderer's — down, left,
+    right): a person calls all four triangles."""
+    offs = (np.arange(_SUPER) + 0.5) / _SUPER
+    y = ((np.arange(h)[:, None] + offs[None]).reshape(-1)[:, None] - h / 2) / (h / 2)  # in [-1, 1]
+    x = ((np.arange(w)[:, None] + offs[None]).reshape(-1)[None, :] - w / 2) / (w / 2)
+    if kind == "circle":
+        masks = [y**2 + x**2 <= 1]
+    elif kind == "square":
+        masks = [(np.abs(y) <= 1) & (np.abs(x) <= 1)]
+    else:
+        masks = [(np.abs(a) <= 1) & (np.abs(b) <= (s * a + 1) / 2) for a, b in ((y, x), (x, y)) for s in (1, -1)]
+    return tuple(np.broadcast_to(m, (h * _SUPER, w * _SUPER)).reshape(h, _SUPER, w, _SUPER).mean((1, 3)) >= 0.5
+                 for m in masks)
 
 
 def score_scene(scene: Scene, a: Analysis) -> tuple[float, dict[str, float]]:
     """Mean constraint score and the per-constraint scores (for reports and tests)."""
     parts: dict[str, float] = {}
+    named: list[Blob | None] = []
     for g in scene.groups:
         found = a.of(g.color)
         k = len(found)
         parts[f"{g.color}:present"] = float(k > 0)
         parts[f"{g.color}:count"] = max(0.0, 1.0 - abs(k - g.count) / g.count)
-        kept = found[: g.count]
-        parts[f"{g.color}:shape"] = sum(b.shape == g.shape for b in kept) / g.count
+        credits = sorted((b.shape_credit(g.shape) for b in found), reverse=True)[: g.count]
+        parts[f"{g.color}:shape"] = sum(credits) / g.count
+        # the object the prompt names: the best-drawn one of its colour, else the largest
+        named.append(max(found, key=lambda b: (b.shape_credit(g.shape), b.area)) if found else None)
     if scene.relation is not None:
-        first, second = (a.of(g.color) for g in scene.groups)
-        parts["relation"] = float(bool(first and second) and _holds(scene.relation, first[0], second[0]))
+        p, q = named
+        # between the objects the prompt names: a bar left of a blob is only half of "a red circle
+        # to the left of a blue square"; full credit needs the named shapes too
+        named_ok = 0.0 if p is None or q is None else (p.shape_credit(scene.groups[0].shape)
+                                                       + q.shape_credit(scene.groups[1].shape)) / 2
+        parts["relation"] = float(p is not None and q is not None and _holds(scene.relation, p, q)) * (0.5 + 0.5 * named_ok)
     stated = sum(b.area for b in a.blobs if b.color in {g.color for g in scene.groups})
     total = sum(b.area for b in a.blobs)
     parts["only-stated-colours"] = stated / total if total else 0.0
     return float(np.mean(list(parts.values()))), parts
 
 
-def _holds(relation: str, p: Blob, q: Blob, margin: float = 1.0) -> bool:
+def _holds(relation: str, p: Blob, q: Blob, margin: float = 2.0) -> bool:
     return {
         "left of": p.cx + margin < q.cx,
         "right of": p.cx > q.cx + margin,
@@ -115,9 +228,15 @@ class CompositionalReward(RewardFn):
         self.max_distance, self.min_area = max_distance, min_area
         self._scenes: dict[str, Scene] = {}
 
+    def scene(self, prompt: str) -> Scene:
+        return self._scenes.get(prompt) or self._scenes.setdefault(prompt, parse_caption(prompt))
+
+    def parts(self, image: np.ndarray, prompt: str) -> dict[str, float]:
+        """Per-constraint scores of one image (evaluation breaks the reward down with these)."""
+        return score_scene(self.scene(prompt), analyse(image, self.max_distance, self.min_area))[1]
+
     def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
         out = np.empty(len(prompts), dtype=np.float32)
         for i, (img, prompt) in enumerate(zip(images, prompts, strict=True)):
-            scene = self._scenes.get(prompt) or self._scenes.setdefault(prompt, parse_caption(prompt))
-            out[i] = score_scene(scene, analyse(img, self.max_distance, self.min_area))[0]
+            out[i] = score_scene(self.scene(prompt), analyse(img, self.max_distance, self.min_area))[0]
         return out

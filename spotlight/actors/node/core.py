@@ -40,6 +40,7 @@ from spotlight.comm import messages as m
 from spotlight.comm.auth import cluster_client_keys
 from spotlight.comm.transport import RpcClient
 from spotlight.errors import ActorTimeout, NotFound, Preempted, SpotlightError, StaleAttempt
+from spotlight.actors.worker.client import WorkerHandle
 
 # A message about a lease the queue no longer honours: another attempt owns the request
 # (StaleAttempt) or its iteration is finished and forgotten (NotFound). Counted, never fatal.
@@ -108,58 +109,6 @@ def spot_notice(url: str, timeout: float = 1.0) -> str | None:
         except ValueError:
             return None
     return None
-
-
-class WorkerHandle:
-    """One worker process and the ipc client that drives it."""
-
-    def __init__(self, index: int, node_id: str, sock_dir: str) -> None:
-        self.index, self.worker_id = index, f"{node_id}/w{index}"
-        self.endpoint = f"ipc://{sock_dir}/w{index}.sock"
-        self.proc: asyncio.subprocess.Process | None = None
-        self.rpc: RpcClient | None = None
-        self.restarts = -1
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
-
-    async def start(self, store: str, recipe: dict, timeout: float, rpc_timeout: float,
-                    keys: str | None = None) -> None:
-        self.restarts += 1
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        args = ["--bind", self.endpoint, "--store", store, "--recipe-json", json.dumps(recipe),
-                "--worker-id", self.worker_id, *(["--keys", keys] if keys else [])]
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "spotlight.actors.worker", *args, stdout=asyncio.subprocess.PIPE, env=env,
-            start_new_session=True)  # a terminal's Ctrl-C reaches the agent only; it stops workers
-        try:
-            async with asyncio.timeout(timeout):
-                line = await self.proc.stdout.readline()
-        except TimeoutError:
-            await self.stop(0.0)
-            raise ActorTimeout(f"worker {self.worker_id} not ready within {timeout}s") from None
-        if not line.startswith(b"ready "):
-            await self.stop(0.0)
-            raise SpotlightError(f"worker {self.worker_id} failed to start (exit {self.proc.returncode})")
-        self.rpc = RpcClient(self.endpoint, timeout=rpc_timeout)
-        await self.rpc.__aenter__()
-
-    async def stop(self, grace_s: float) -> None:
-        """SIGTERM (the worker finishes its step and flushes), SIGKILL after ``grace_s``."""
-        if self.rpc is not None:
-            await self.rpc.close()
-            self.rpc = None
-        if self.proc is None:
-            return
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
-            try:
-                async with asyncio.timeout(grace_s if grace_s > 0 else 5.0):
-                    await self.proc.wait()
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
 
 
 class NodeAgent:
@@ -387,58 +336,3 @@ class NodeAgent:
                 notice.set()
                 return
             await asyncio.sleep(c.metadata_poll_s)
-
-
-# --- process shell ---------------------------------------------------------------------------------
-async def serve(config: AgentConfig) -> None:
-    notice = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # SIGTERM is how clouds deliver a spot notice
-        loop.add_signal_handler(sig, notice.set)
-    agent = NodeAgent(config)
-    await agent.run(notice)
-    if agent.lost is not None:
-        raise ActorTimeout(agent.lost)
-
-
-def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m spotlight.actors.node_agent", description="Run a node agent.",
-                                add_help=add_help)
-    p.add_argument("--controller", required=True, help="tcp://HOST:PORT of the reserved side")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--kind", choices=["reserved", "spot"], default="spot")
-    p.add_argument("--node-id", default="")
-    p.add_argument("--metadata-url", default=None, help="spot-notice URL to poll (AWS or GCP form)")
-    p.add_argument("--metadata-poll-s", type=float, default=2.0)
-    p.add_argument("--queue-lost-s", type=float, default=30.0,
-                   help="leave when the request queue has not answered for this long")
-    p.add_argument("--rpc-timeout-s", type=float, default=10.0, help="reply timeout of every remote call")
-    p.add_argument("--keys", default=None, help="folder with node.key_secret and controller.key (CURVE)")
-    p.add_argument("--log-level", default="WARNING")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    try:
-        return run_from_args(build_parser().parse_args(argv))
-    except SpotlightError as e:
-        print(f"node agent: error: {e}", file=sys.stderr)
-        return 2
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    """Run an agent from parsed ``build_parser`` arguments (also ``spotlight agent``)."""
-    from spotlight.actors.worker import die_with_parent
-
-    logging.basicConfig(level=args.log_level, format="%(asctime)s agent %(name)s %(levelname)s %(message)s")
-    if os.environ.get("SPOTLIGHT_DIE_WITH_PARENT"):
-        die_with_parent()  # spawned by a LocalRuntime: never outlive it
-    config = AgentConfig(controller=args.controller, workers=args.workers, kind=args.kind, node_id=args.node_id,
-                         metadata_url=args.metadata_url, metadata_poll_s=args.metadata_poll_s, queue_lost_s=args.queue_lost_s,
-                         rpc_timeout_s=args.rpc_timeout_s, keys=args.keys)
-    asyncio.run(serve(config))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,166 @@
+# python bench/reward_validation.py [--n 400] [--checkpoint builtin:base ...]
+"""Validation of the compositional reward against ground truth the project can make (issue 11).
+
+Prints three tables (results in docs/REWARD.md):
+1. the shape classifier's confusion matrix: objects of rendered scenes (true shape known) and
+   adversarial objects (bars, rounded bars, long ellipses, two merged circles, unions of 8x8
+   blocks, ragged blobs) against what the classifier calls them;
+2. the reward of rendered scenes under their true caption and under perturbed captions (wrong
+   count, colour, shape, relation): mean score and how often the broken constraint lost its credit;
+3. with --checkpoint: each model's ODE samples (eval prompts, fixed seeds) — the reward's parts
+   and what the classifier calls each object against the shape the prompt names.
+Seeded: a re-run prints the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from spotlight.data.scenes import PALETTE, SHAPES, ObjectGroup, Scene, random_scene, render  # noqa: E402
+from spotlight.rewards.compositional import analyse, score_scene  # noqa: E402
+
+COLUMNS = ("circle", "square", "triangle", "none")
+OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
+
+
+def adversarial(kind: str, rng: random.Random) -> np.ndarray:
+    img = Image.new("RGB", (32, 32))
+    d = ImageDraw.Draw(img)
+    color = PALETTE[rng.choice(list(PALETTE))]
+    if kind in ("bar", "rounded bar", "long ellipse"):
+        short = rng.randint(4, 9)
+        long_ = min(30, round(short * rng.uniform(1.5, 3.5)))
+        x, y = rng.randint(0, 31 - short), rng.randint(0, 31 - long_)
+        box = (x, y, x + short - 1, y + long_ - 1) if rng.random() < 0.5 else (y, x, y + long_ - 1, x + short - 1)
+        {"bar": d.rectangle, "rounded bar": d.rounded_rectangle, "long ellipse": d.ellipse}[kind](box, fill=color)
+    elif kind == "merged circles":
+        r = rng.randint(4, 7)
+        x, y = rng.randint(0, 31 - 4 * r), rng.randint(0, 31 - 2 * r)
+        d.ellipse((x, y, x + 2 * r, y + 2 * r), fill=color)
+        d.ellipse((x + 2 * r - 1, y, x + 4 * r - 1, y + 2 * r), fill=color)
+    elif kind == "8x8 blocks":
+        cells = rng.sample([(a, b) for a in range(3) for b in range(3)], rng.randint(2, 5))
+        for a, b in cells:
+            d.rectangle((4 + 8 * b, 4 + 8 * a, 11 + 8 * b, 11 + 8 * a), fill=color)
+    else:  # ragged blob: a random walk of 3x3 stamps
+        y, x = rng.randint(10, 21), rng.randint(10, 21)
+        for _ in range(rng.randint(12, 30)):
+            d.rectangle((x - 1, y - 1, x + 1, y + 1), fill=color)
+            y, x = min(28, max(3, y + rng.randint(-2, 2))), min(28, max(3, x + rng.randint(-2, 2)))
+    return np.asarray(img)
+
+
+def confusion(n: int) -> dict[str, Counter]:
+    rng = random.Random(0)
+    rows: dict[str, Counter] = {s: Counter() for s in SHAPES}
+    for _ in range(n):
+        scene = random_scene(rng)
+        a = analyse(render(scene, 32, rng))
+        for g in scene.groups:
+            for b in a.of(g.color):
+                rows[g.shape][b.shape] += 1
+    for kind in ("bar", "rounded bar", "long ellipse", "merged circles", "8x8 blocks", "ragged blob"):
+        rows[kind] = Counter(b.shape for _ in range(n // 4) for b in analyse(adversarial(kind, rng)).blobs)
+    return rows
+
+
+def perturbations(n: int) -> dict[str, tuple[float, float]]:
+    rng = random.Random(1)
+    scores: dict[str, list[float]] = {k: [] for k in ("true caption", "wrong count", "wrong colour", "wrong shape",
+                                                      "wrong relation")}
+    lost: dict[str, list[bool]] = {k: [] for k in scores}
+    for _ in range(n):
+        scene = random_scene(rng)
+        img = render(scene, 32, rng)
+        a = analyse(img)
+        g = scene.groups[0]
+        s, _ = score_scene(scene, a)
+        scores["true caption"].append(s)
+        lost["true caption"].append(s < 0.9)
+        other_c = rng.choice([c for c in PALETTE if c not in {x.color for x in scene.groups}])
+        other_s = rng.choice([x for x in SHAPES if x != g.shape])
+        cases = [("wrong colour", Scene((ObjectGroup(other_c, g.shape, g.count), *scene.groups[1:]), scene.relation),
+                  f"{other_c}:present"),
+                 ("wrong shape", Scene((ObjectGroup(g.color, other_s, g.count), *scene.groups[1:]), scene.relation),
+                  f"{g.color}:shape")]
+        if scene.relation is None:
+            wrong = rng.choice([k for k in (1, 2, 3) if k != g.count])
+            cases.append(("wrong count", Scene((ObjectGroup(g.color, g.shape, wrong),)), f"{g.color}:count"))
+        else:
+            cases.append(("wrong relation", Scene(scene.groups, OPPOSITE[scene.relation]), "relation"))
+        for kind, wrong_scene, part in cases:
+            s, p = score_scene(wrong_scene, a)
+            scores[kind].append(s)
+            lost[kind].append(p[part] < 1.0)
+    return {k: (float(np.mean(v)), float(np.mean(lost[k]))) for k, v in scores.items()}
+
+
+def model_samples(checkpoint: str, prompts: str, seeds: int) -> tuple[dict[str, float], dict[str, Counter]]:
+    import torch
+
+    from spotlight.data.prompts import prompt_set
+    from spotlight.data.scenes import VOCABULARY, parse_caption
+    from spotlight.models.dit import ModelConfig, build_model
+    from spotlight.policy.sampler import sample
+    from spotlight.rewards.base import to_uint8_images
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(checkpoint=checkpoint), VOCABULARY).eval()
+    parts: dict[str, list[float]] = {}
+    rows: dict[str, Counter] = {s: Counter() for s in SHAPES}
+    for i, p in enumerate(prompt_set(prompts)):
+        scene = parse_caption(p)
+        imgs = to_uint8_images(sample(model, [p] * seeds, list(range(10_000 + i * seeds, 10_000 + (i + 1) * seeds)),
+                                      (3, 32, 32), 20))
+        for img in imgs:
+            a = analyse(img)
+            total, pt = score_scene(scene, a)
+            parts.setdefault("reward", []).append(total)
+            for k, v in pt.items():
+                parts.setdefault(k.split(":")[-1], []).append(v)
+            for g in scene.groups:
+                for b in a.of(g.color):
+                    rows[g.shape][b.shape] += 1
+    return {k: float(np.mean(v)) for k, v in parts.items()}, rows
+
+
+def print_confusion(rows: dict[str, Counter], title: str) -> None:
+    print(f"\n{title}\n{'true / called':<16}" + "".join(f"{c:>10}" for c in COLUMNS) + f"{'objects':>10}")
+    for name, row in rows.items():
+        total = sum(row.values())
+        cells = "".join(f"{row[c] / total:>10.3f}" if total else f"{'-':>10}" for c in COLUMNS)
+        print(f"{name:<16}{cells}{total:>10}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=400, help="rendered scenes per table (adversarial: n/4 per kind)")
+    ap.add_argument("--checkpoint", action="append", default=[], help="also score this model's ODE samples")
+    ap.add_argument("--prompts", default="demo", help="prompt set for --checkpoint samples")
+    ap.add_argument("--seeds", type=int, default=16, help="samples per prompt for --checkpoint")
+    args = ap.parse_args()
+    print_confusion(confusion(args.n), f"shape classifier, {args.n} rendered scenes + adversarial objects "
+                                       f"(fraction of objects of each row)")
+    print(f"\nreward of {args.n} rendered scenes under true and perturbed captions")
+    print(f"{'caption':<16}{'mean reward':>12}{'broken constraint lost credit':>32}")
+    for kind, (mean, lost) in perturbations(args.n).items():
+        note = f"{1 - lost:.3f} (>= 0.9)" if kind == "true caption" else f"{lost:.3f}"
+        print(f"{kind:<16}{mean:>12.3f}{note:>32}")
+    for ck in args.checkpoint:
+        parts, rows = model_samples(ck, args.prompts, args.seeds)
+        print(f"\nmodel {ck}: ODE samples (20 steps), prompts={args.prompts}, {args.seeds} seeds each")
+        print("  " + "  ".join(f"{k} {v:.3f}" for k, v in parts.items()))
+        print_confusion(rows, "objects of the named colour: named shape / called")
+
+
+if __name__ == "__main__":
+    main()

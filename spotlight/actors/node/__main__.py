@@ -1,0 +1,5 @@
+import sys
+
+from spotlight.actors.node.service import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from spotlight.actors.worker.service import main
+
+sys.exit(main())

@@ -1,0 +1,75 @@
+"""The worker's client, as its node agent holds it: the worker process and the ipc ``RpcClient``
+that drives it (start and wait for readiness, stop with a grace period)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from spotlight.actors.queue_service import QueueClient
+from spotlight.comm import messages as m
+from spotlight.comm.auth import cluster_client_keys
+from spotlight.comm.transport import RpcClient
+from spotlight.errors import ActorTimeout, NotFound, Preempted, SpotlightError, StaleAttempt
+
+class WorkerHandle:
+    """One worker process and the ipc client that drives it."""
+
+    def __init__(self, index: int, node_id: str, sock_dir: str) -> None:
+        self.index, self.worker_id = index, f"{node_id}/w{index}"
+        self.endpoint = f"ipc://{sock_dir}/w{index}.sock"
+        self.proc: asyncio.subprocess.Process | None = None
+        self.rpc: RpcClient | None = None
+        self.restarts = -1
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def start(self, store: str, recipe: dict, timeout: float, rpc_timeout: float,
+                    keys: str | None = None) -> None:
+        self.restarts += 1
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        args = ["--bind", self.endpoint, "--store", store, "--recipe-json", json.dumps(recipe),
+                "--worker-id", self.worker_id, *(["--keys", keys] if keys else [])]
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "spotlight.actors.worker", *args, stdout=asyncio.subprocess.PIPE, env=env,
+            start_new_session=True)  # a terminal's Ctrl-C reaches the agent only; it stops workers
+        try:
+            async with asyncio.timeout(timeout):
+                line = await self.proc.stdout.readline()
+        except TimeoutError:
+            await self.stop(0.0)
+            raise ActorTimeout(f"worker {self.worker_id} not ready within {timeout}s") from None
+        if not line.startswith(b"ready "):
+            await self.stop(0.0)
+            raise SpotlightError(f"worker {self.worker_id} failed to start (exit {self.proc.returncode})")
+        self.rpc = RpcClient(self.endpoint, timeout=rpc_timeout)
+        await self.rpc.__aenter__()
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM (the worker finishes its step and flushes), SIGKILL after ``grace_s``."""
+        if self.rpc is not None:
+            await self.rpc.close()
+            self.rpc = None
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
+            try:
+                async with asyncio.timeout(grace_s if grace_s > 0 else 5.0):
+                    await self.proc.wait()
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()

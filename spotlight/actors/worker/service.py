@@ -1,0 +1,80 @@
+"""The GPU worker's process shell (``python -m spotlight.actors.worker``): an ipc ``RpcServer``
+its node agent drives with WorkerRun / WorkerStatus / WorkerStop, in front of a ``WorkerCore``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from spotlight.actors.store_client import TensorStoreClient
+from spotlight.comm import messages as m
+from spotlight.comm.auth import cluster_client_keys
+from spotlight.comm.transport import RpcServer
+from spotlight.errors import Preempted, ProtocolError
+from spotlight.recipe import Recipe, load_recipe
+from spotlight.actors.procs import die_with_parent
+from spotlight.actors.worker.core import WorkerCore
+
+log = logging.getLogger(__name__)
+
+
+def worker_handlers(core: WorkerCore) -> dict[type[m.Message], Any]:
+    async def run(msg: m.WorkerRun) -> m.WorkerResult:
+        result = await core.run(msg.lease)
+        return m.WorkerResult(request_id=msg.lease.request_id, attempt=msg.lease.attempt, result=result)
+
+    return {m.WorkerRun: run, m.WorkerStatus: lambda msg: core.progress(),
+            m.WorkerStop: lambda msg: core.stop()}
+
+
+async def serve(bind: str, store: str, recipe: Recipe, worker_id: str, step_delay_s: float = 0.0,
+                keys: str | None = None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    curve = cluster_client_keys(keys) if keys else None
+    async with TensorStoreClient.remote(store, curve=curve) as client:
+        core = WorkerCore(recipe, client, worker_id=worker_id, step_delay_s=step_delay_s)
+        try:
+            async with RpcServer(worker_handlers(core), bind=bind) as server:
+                print(f"ready {server.endpoint}", flush=True)  # the agent waits for this line
+                await stop.wait()
+                try:  # SIGTERM is a notice too: finish the step, flush, then leave
+                    await core.stop(timeout=1.5)
+                except TimeoutError:
+                    log.warning("worker stop: the running step did not finish in time")
+        finally:
+            core.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m spotlight.actors.worker", description="Serve a GPU worker.")
+    parser.add_argument("--bind", required=True, help="ipc:///path the node agent connects to")
+    parser.add_argument("--store", required=True, help="tensor store endpoint")
+    parser.add_argument("--recipe-json", required=True, help="the run's recipe as JSON (Recipe.to_dict())")
+    parser.add_argument("--worker-id", default="worker")
+    parser.add_argument("--keys", default=None, help="the node's CURVE folder (for the tensor store)")
+    parser.add_argument("--log-level", default="WARNING")
+    args = parser.parse_args(argv)
+    die_with_parent()
+    delay = float(os.environ.get("SPOTLIGHT_WORKER_STEP_DELAY_S", "0"))  # fault injection (tests)
+    torch.set_num_threads(1)  # one worker = one device; on CPU, one core's worth
+    logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve(args.bind, args.store, load_recipe(json.loads(args.recipe_json)), args.worker_id, delay,
+                      args.keys))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
