@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("overrides", nargs="*", help="model.field=value, e.g. model.layers=2")
     pre.set_defaults(func=_pretrain)
 
-    ev = sub.add_parser("eval", help="evaluate a checkpoint on held-out seeds",
-                        description="Evaluate a checkpoint: held-out compositional reward, mean ± spread over seed sets.")
+    ev = sub.add_parser("eval", help="evaluate a checkpoint: ODE on held-out prompts, ODE on training prompts, SDE",
+                        description="Evaluate a checkpoint as a run does: ODE sampler on held-out prompts (headline), "
+                                    "on training prompts, the rollout SDE; mean ± spread over seed sets.")
     ev.add_argument("--checkpoint", default="builtin:base", help="spotlight .safetensors (default: the shipped base)")
     ev.add_argument("--recipe", default="tiny", help="recipe giving prompts, sampler and eval settings")
     ev.add_argument("--out", type=Path, default=Path("runs/eval"), help="where the sample grid goes")
@@ -133,9 +134,12 @@ def _eval(args) -> int:
                                        f"run.out_dir={json.dumps(str(args.out))}", "run.name=\"eval\"", *args.overrides])
     loop = Loop(recipe, progress=False)
     result = loop.evaluate(0)
-    print(json.dumps({"checkpoint": args.checkpoint, "eval_reward": result["eval_reward"],
-                      "eval_reward_std": result["eval_reward_std"], "per_seed_set": result["eval_per_seed_set"],
-                      "samples": str(loop.out / "samples" / "eval_0000.png")}, indent=2))
+    suites = {k.removeprefix("eval_"): {"reward": result[k], "spread": result[f"{k}_std"],
+                                        "per_seed_set": result[f"{k}_per_set"], "parts": result.get(f"{k}_parts")}
+              for k in ("eval_ode_heldout", "eval_ode_train", "eval_sde_train") if k in result}
+    print(json.dumps({"checkpoint": args.checkpoint, "headline": result["eval_headline"],
+                      "eval_reward": result["eval_reward"], "eval_reward_std": result["eval_reward_std"],
+                      **suites, "fm_loss": result["fm_loss"], "samples": str(loop.out / "samples")}, indent=2))
     return 0
 
 

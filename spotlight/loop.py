@@ -20,15 +20,15 @@ import torch
 from spotlight.data.prompts import prompt_set
 from spotlight.models.dit import DiffusionModel, build_model
 from spotlight.data.scenes import VOCABULARY
+from spotlight.evaluation import Evaluator
 from spotlight.policy.grpo import GRPOTrainer, Group
 from spotlight.policy.sampler import sample, sde_rollout
 from spotlight.policy.seeds import candidate_seeds, select_contrast
 from spotlight.recipe import Recipe
-from spotlight.report import MetricsLog, plot_rewards, save_grid
+from spotlight.report import MetricsLog, plot_rewards
 from spotlight.rewards.base import make_reward, to_uint8_images as to_uint8
 from spotlight import checkpoint
 
-EVAL_STREAM = 1_000  # seed stream of evaluation sets (training uses stream 0)
 INIT_STREAM = 2_000  # seed stream of a group's shared initial noise
 
 
@@ -117,6 +117,7 @@ class Loop:
         c = recipe.model
         self.shape = (c.channels, c.image_size, c.image_size)
         self.executor = (executor_factory or (lambda loop: LocalExecutor(loop.model, recipe, loop.reward)))(self)
+        self.evaluator = Evaluator(self.model, recipe, self.reward, self.out)
 
     # --- one iteration -----------------------------------------------------------------------
     def iteration_prompts(self, it: int) -> list[str]:
@@ -162,28 +163,10 @@ class Loop:
                 "rewards": [[round(float(x), 6) for x in g.rewards] for g in groups],
                 "explore_s": t1 - t0, "rollout_s": t2 - t1, "train_s": t3 - t2, **explore_stats, **train}
 
-    @torch.no_grad()
     def evaluate(self, it: int, save_samples: bool = True) -> dict:
-        r, s = self.recipe.run, self.recipe.sampler
-        per_set, grid = [], None
-        for k in range(r.eval_seeds):
-            scores = []
-            for pi, p in enumerate(self.prompts):
-                seeds = candidate_seeds(r.seed, 0, pi, r.eval_samples, stream=EVAL_STREAM + k)
-                if r.eval_mode == "sde":  # the rollout policy itself, on unseen seeds
-                    x = sample(self.model, [p] * len(seeds), seeds, self.shape, s.steps, s.shift,
-                               noise_level=s.noise_level, sde_steps=s.sde_steps, noise_patch=s.noise_patch)
-                else:
-                    x = sample(self.model, [p] * len(seeds), seeds, self.shape, s.eval_steps, s.shift)
-                imgs = to_uint8(x)
-                scores.append(self.reward(imgs, [p] * len(seeds)))
-                if k == 0 and save_samples:
-                    grid = imgs if grid is None else np.concatenate([grid, imgs])
-            per_set.append(float(np.mean(np.concatenate(scores))))
-        if grid is not None:
-            save_grid(grid, self.out / "samples" / f"eval_{it:04d}.png", columns=r.eval_samples)
-        return {"event": "eval", "iteration": it, "eval_reward": float(np.mean(per_set)),
-                "eval_reward_std": float(np.std(per_set)), "eval_per_seed_set": per_set}
+        """ODE on held-out prompts (the headline, `eval_reward`), ODE on training prompts, the SDE
+        policy, flow-matching drift: spotlight.evaluation."""
+        return self.evaluator(it, save_samples)
 
     # --- the run ----------------------------------------------------------------------------
     def emit(self, record: dict, start: float) -> None:
@@ -211,7 +194,9 @@ class Loop:
             if done % r.eval_every == 0 or last:
                 ev = self.evaluate(done)
                 self.emit(ev, start)
-                bar.write(f"iteration {done}: held-out reward {ev['eval_reward']:.3f} ± {ev['eval_reward_std']:.3f}")
+                bar.write(f"iteration {done}: held-out ODE {ev['eval_reward']:.3f} ± {ev['eval_reward_std']:.3f}, "
+                          f"train ODE {ev['eval_ode_train']:.3f}, SDE {ev['eval_sde_train']:.3f}, "
+                          f"FM drift {ev.get('fm_drift', 0.0):+.1%}")
             if done % r.checkpoint_every == 0 or last:
                 checkpoint.save(self.out / "checkpoints", done, self.model, self.trainer,
                                 self.wall_offset + time.monotonic() - start)

@@ -46,8 +46,17 @@ def save_grid(images: np.ndarray, path: Path, columns: int, scale: int = 4) -> N
     Image.fromarray(grid).resize((grid.shape[1] * scale, grid.shape[0] * scale), Image.NEAREST).save(path)
 
 
+EVAL_CURVES = (  # metrics key, label: the headline first
+    ("eval_ode_heldout", "ODE, held-out prompts (headline)"),
+    ("eval_ode_train", "ODE, training prompts"),
+    ("eval_sde_train", "SDE policy, training prompts"),
+)
+
+
 def plot_rewards(records: list[dict], path: Path) -> None:
-    """Held-out reward (mean ± spread over eval seeds) and train reward vs iteration and wall time."""
+    """Evaluation rewards (mean ± spread over eval seed sets: ODE on held-out prompts, ODE on
+    training prompts, the SDE policy) and the rollout reward against iteration and wall time, and
+    the flow-matching drift against iteration."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,20 +64,33 @@ def plot_rewards(records: list[dict], path: Path) -> None:
 
     train = [r for r in records if r.get("event") == "iteration"]
     evals = [r for r in records if r.get("event") == "eval"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    curves = [(k, label) for k, label in EVAL_CURVES if any(k in r for r in evals)] or [("eval_reward", "held-out reward")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8), constrained_layout=True)
     for ax, key, label in ((axes[0], "iteration", "iteration"), (axes[1], "wall_s", "wall time (s)")):
         if train:
-            ax.plot([r[key] for r in train], [r["reward_mean"] for r in train], lw=1, alpha=0.6, label="rollout reward")
-        if evals:
-            x = np.array([r[key] for r in evals])
-            m = np.array([r["eval_reward"] for r in evals])
-            s = np.array([r["eval_reward_std"] for r in evals])
-            ax.plot(x, m, "o-", lw=2, label="held-out reward")
-            ax.fill_between(x, m - s, m + s, alpha=0.25)
+            ax.plot([r[key] for r in train], [r["reward_mean"] for r in train], lw=1, alpha=0.4,
+                    label="rollout reward (SDE, selected seeds)")
+        for metric, name in curves:
+            ev = [r for r in evals if metric in r]
+            if not ev:
+                continue
+            x = np.array([r[key] for r in ev])
+            m = np.array([r[metric] for r in ev])
+            s = np.array([r.get(f"{metric}_std", 0.0) for r in ev])
+            ax.plot(x, m, "o-", lw=2.5 if metric in ("eval_ode_heldout", "eval_reward") else 1.5, label=name)
+            ax.fill_between(x, m - s, m + s, alpha=0.2)
         ax.set_xlabel(label)
         ax.set_ylabel("compositional reward")
         ax.grid(alpha=0.3)
-    axes[0].legend(loc="lower right")
+    axes[0].legend(loc="lower right", fontsize=8)
+    drift = [r for r in evals if "fm_drift" in r]
+    if drift:
+        axes[2].plot([r["iteration"] for r in drift], [100 * r["fm_drift"] for r in drift], "o-", color="C3")
+        axes[2].axhline(10, ls="--", color="grey", lw=1)
+    axes[2].set_xlabel("iteration")
+    axes[2].set_ylabel("flow-matching loss vs base (%)")
+    axes[2].set_title("drift on rendered scenes of the eval prompts", fontsize=9)
+    axes[2].grid(alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
