@@ -87,7 +87,7 @@ class Evaluator:
                      for x in candidate_seeds(r.seed, 0, offset + i, r.eval_samples, stream=EVAL_STREAM + k)]
             if sde:  # the rollout policy: the sampler as trained, every option of SamplerConfig
                 x = sample(self.model, batch, seeds, self.shape, s.steps, s.shift, noise_level=s.noise_level,
-                           sde_steps=s.sde_steps, noise_patch=s.noise_patch)
+                           sde_steps=s.sde_steps, noise_patch=s.noise_patch, sde_type=s.sde_type)
             else:
                 x = sample(self.model, batch, seeds, self.shape, s.eval_steps, s.shift)
             imgs = to_uint8_images(x)

@@ -69,7 +69,7 @@ class LocalExecutor:
         for job in jobs:
             x = sample(self.model, [job.prompt] * len(job.seeds), job.seeds, self.shape, s.steps, s.shift,
                        noise_level=s.noise_level, effective_steps=job.effective_steps, sde_steps=s.sde_steps, noise_patch=s.noise_patch,
-                       init_seed=job.init_seed)
+                       init_seed=job.init_seed, sde_type=s.sde_type)
             out.append(self.reward(to_uint8(x), [job.prompt] * len(job.seeds)))
         return out
 

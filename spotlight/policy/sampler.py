@@ -7,6 +7,16 @@ One SDE step from t to t+Δt (Δt < 0):
 
 is a Gaussian transition with mean μ(x, t) and std σ·√|Δt|, so log p(x' | x) is exact.
 
+`sde_type = "cps"` is the coefficients-preserving step (Wang & Yu 2025, used by recent Flow-GRPO
+and MixGRPO versions): with x̂_0 = x − t·v and ε̂ = x + (1−t)·v,
+
+    x' = (1−t')·x̂_0 + t'·(cos θ·ε̂ + sin θ·z),   θ = a·π/2,
+
+so x' has exactly the noise level of time t' (the Flow-GRPO step over- or under-shoots it at
+large |Δt|): explored states are states the ODE also visits, and what RL learns there carries over
+to the deterministic sampler. With block noise only the block-constant part of ε̂ is rotated, and z
+has the scale white noise has on that subspace (1/patch per pixel), so blocks stay invisible.
+
 Noise is counter-based: the draw for step k of a sample depends only on (seed, k). A trajectory
 resumed from its step-k state therefore ends bit-identical to the uninterrupted run — the
 contract the preemption-aware scheduler relies on (DESIGN §5). A batch is one unit of work: the
@@ -51,6 +61,10 @@ class SamplerConfig:
     shared_init: bool = False
     """All samples of a group start from the same x_1 (DanceGRPO), so the reward differences in a
     group come from the policy's own stochastic steps, not from the untrainable initial noise."""
+    sde_type: str = "flow"
+    """'flow' (the Flow-GRPO SDE above) or 'cps' (coefficients-preserving: each stochastic step
+    lands exactly on its time's noise level, with noise_level a in (0, 1] as the angle θ = a·π/2
+    between predicted and fresh noise). 'cps' cannot make the last step stochastic (t'=0)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -65,6 +79,13 @@ class SamplerConfig:
             raise ConfigError(f"sampler.noise_patch must be >= 1, got {self.noise_patch}")
         if self.sde_steps is not None and not 1 <= self.sde_steps <= self.steps:
             raise ConfigError(f"sampler.sde_steps must be in [1, sampler.steps={self.steps}], got {self.sde_steps}")
+        if self.sde_type not in ("flow", "cps"):
+            raise ConfigError(f"sampler.sde_type must be 'flow' or 'cps', got {self.sde_type!r}")
+        if self.sde_type == "cps" and self.noise_level > 1:
+            raise ConfigError(f"sampler.noise_level must be in (0, 1] with sde_type='cps', got {self.noise_level}")
+        if self.sde_type == "cps" and self.stochastic_steps >= self.steps:
+            raise ConfigError(f"sampler.sde_steps must be < sampler.steps={self.steps} with sde_type='cps' "
+                              f"(the last step lands on t=0 and has no noise), got {self.sde_steps}")
 
     @property
     def stochastic_steps(self) -> int:
@@ -125,6 +146,25 @@ def sde_mean(v: torch.Tensor, x: torch.Tensor, ts: torch.Tensor, k: int, noise_l
     return x + (v + sigma2 / (2 * t) * eps_hat) * dt
 
 
+def cps_transition(v: torch.Tensor, x: torch.Tensor, ts: torch.Tensor, k: int, noise_level: float,
+                   patch: int = 1) -> tuple[torch.Tensor, float]:
+    """Mean and std (per block draw) of the coefficients-preserving step k (module docstring)."""
+    t, t_next = float(ts[k]), float(ts[k + 1])
+    theta = noise_level * math.pi / 2
+    x0_hat, eps_hat = x - t * v, x + (1 - t) * v
+    coarse = block_project(eps_hat, patch) if patch > 1 else eps_hat
+    mean = (1 - t_next) * x0_hat + t_next * (eps_hat - (1 - math.cos(theta)) * coarse)
+    return mean, t_next * math.sin(theta) / patch
+
+
+def transition(v: torch.Tensor, x: torch.Tensor, ts: torch.Tensor, k: int, noise_level: float, patch: int = 1,
+               sde_type: str = "flow") -> tuple[torch.Tensor, float]:
+    """Mean and std of stochastic step k's Gaussian transition, for either SDE."""
+    if sde_type == "cps":
+        return cps_transition(v, x, ts, k, noise_level, patch)
+    return sde_mean(v, x, ts, k, noise_level, patch), sde_std(ts, k, noise_level)
+
+
 def block_project(x: torch.Tensor, patch: int) -> torch.Tensor:
     """Orthogonal projection of [B, C, H, W] onto images constant over patch x patch blocks."""
     avg = torch.nn.functional.avg_pool2d(x, patch)
@@ -181,8 +221,7 @@ def sde_advance(model, state: RolloutState, text, seeds: list[int], cfg: Sampler
     t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
     v = model.velocity(x, t, text)
     if k < cfg.stochastic_steps:
-        mean = sde_mean(v, x, ts, k, cfg.noise_level, cfg.noise_patch)
-        std = sde_std(ts, k, cfg.noise_level)
+        mean, std = transition(v, x, ts, k, cfg.noise_level, cfg.noise_patch, cfg.sde_type)
         x_next = mean + std * sde_noise(seeds, k, tuple(x.shape[1:]), cfg.noise_patch, x.device).to(x.dtype)
         state.log_probs.append(gaussian_log_prob(x_next, mean, std, cfg.noise_patch))
     else:  # a deterministic ODE step: no action to train, log-prob recorded as 0
@@ -212,15 +251,14 @@ def step_log_prob(model, x: torch.Tensor, x_next: torch.Tensor, k: int, text, cf
     """log p_θ(x_next | x) of step k, and the transition mean (for the KL term). Differentiable."""
     ts = timesteps(cfg.steps, cfg.shift)
     t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
-    mean = sde_mean(model.velocity(x, t, text), x, ts, k, cfg.noise_level, cfg.noise_patch)
-    std = sde_std(ts, k, cfg.noise_level)
+    mean, std = transition(model.velocity(x, t, text), x, ts, k, cfg.noise_level, cfg.noise_patch, cfg.sde_type)
     return gaussian_log_prob(x_next, mean, std, cfg.noise_patch), mean, std
 
 
 @torch.no_grad()
 def sample(model, prompts: list[str], seeds: list[int], shape, steps: int = 20, shift: float = 1.0,
            noise_level: float | None = None, effective_steps: int | None = None, sde_steps: int | None = None,
-           init_seed: int | None = None, noise_patch: int = 1) -> torch.Tensor:
+           init_seed: int | None = None, noise_patch: int = 1, sde_type: str = "flow") -> torch.Tensor:
     """Final sample [B, C, H, W] in [-1, 1] (clamped) without recording the trajectory.
 
     noise_level None = deterministic Euler ODE (evaluation); a float = the rollout SDE with the same
@@ -243,7 +281,8 @@ def sample(model, prompts: list[str], seeds: list[int], shape, steps: int = 20, 
             x = x + v * float(ts[k + 1] - ts[k])
         else:
             z = sde_noise(seeds, k, tuple(x.shape[1:]), noise_patch, x.device).to(x.dtype)
-            x = sde_mean(v, x, ts, k, noise_level, noise_patch) + sde_std(ts, k, noise_level) * z
+            mean, std = transition(v, x, ts, k, noise_level, noise_patch, sde_type)
+            x = mean + std * z
     return x.clamp(-1, 1)
 
 

@@ -48,8 +48,10 @@ def test_advantages_are_group_normalised():
     assert torch.equal(advantages(torch.tensor([0.5, 0.5, 0.5])), torch.zeros(3))
 
 
-def test_ratio_is_exactly_one_at_first_inner_step(tiny_model):
-    cfg = S.SamplerConfig(steps=3)
+@pytest.mark.parametrize("cfg", [S.SamplerConfig(steps=3),
+                                 S.SamplerConfig(steps=3, sde_steps=2, noise_level=0.6, noise_patch=4, sde_type="cps")],
+                         ids=["flow", "cps-blocks"])
+def test_ratio_is_exactly_one_at_first_inner_step(tiny_model, cfg):
     trainer = GRPOTrainer(tiny_model, GRPOConfig(timestep_fraction=1.0), cfg)
     groups = rollout_groups(tiny_model, cfg)
     stats = trainer.update(groups)

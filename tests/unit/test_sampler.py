@@ -83,3 +83,50 @@ def test_sampler_config_rejects_bad_values():
         S.SamplerConfig(steps=0)
     with pytest.raises(ConfigError, match="noise_level"):
         S.SamplerConfig(noise_level=-1)
+
+
+@pytest.mark.parametrize("patch", [1, 4])
+def test_cps_step_lands_on_its_noise_level_with_exact_log_probs(tiny_model, patch):
+    """Coefficients-preserving SDE: x' = (1−t')x̂0 + t'(cos θ ε̂ + sin θ z) on the block subspace,
+    log-prob = the exact density of the block draws, resume bit-identical, ODE when θ → 0."""
+    cfg = S.SamplerConfig(steps=4, sde_steps=3, noise_level=0.5, noise_patch=patch, sde_type="cps")
+    prompts, seeds = ["two red circles"] * 2, [21, 22]
+    st = S.sde_rollout(tiny_model, prompts, seeds, cfg, SHAPE)
+    ts, text = S.timesteps(cfg.steps), tiny_model.encode(prompts)
+    for k in range(cfg.sde_steps):
+        x, x_next = st.latents[k], st.latents[k + 1]
+        t, t_next = float(ts[k]), float(ts[k + 1])
+        with torch.no_grad():
+            v = tiny_model.velocity(x, torch.full((2,), t), text)
+        x0_hat, eps_hat = x - t * v, x + (1 - t) * v
+        z = S.sde_noise(seeds, k, SHAPE, patch) / patch  # white noise's scale on the block subspace
+        coarse = S.block_project(eps_hat, patch) if patch > 1 else eps_hat
+        theta = 0.5 * math.pi / 2
+        expect = (1 - t_next) * x0_hat + t_next * (eps_hat - coarse + math.cos(theta) * coarse + math.sin(theta) * z)
+        assert torch.allclose(x_next, expect, atol=1e-5), k
+        std = t_next * math.sin(theta) / patch
+        r = torch.nn.functional.avg_pool2d((x_next - (expect - t_next * math.sin(theta) * z)).double(), patch)
+        direct = torch.distributions.Normal(0.0, std).log_prob(r).flatten(1).mean(1)
+        assert torch.allclose(st.log_probs[k].double(), direct, atol=1e-4), k
+    # resume from a committed step: bit-identical
+    part = S.start(seeds, SHAPE)
+    for _ in range(2):
+        S.sde_advance(tiny_model, part, text, seeds, cfg)
+    resumed = S.sde_rollout(tiny_model, prompts, seeds, cfg, SHAPE, state=part)
+    assert torch.equal(resumed.latents[-1], st.latents[-1])
+    # the explore sampler draws the same trajectory as the rollout
+    x = S.sample(tiny_model, prompts, seeds, SHAPE, 4, noise_level=0.5, sde_steps=3, noise_patch=patch, sde_type="cps")
+    assert torch.allclose(x, st.latents[-1].clamp(-1, 1), atol=1e-6)
+    # a vanishing angle is the ODE
+    tiny_cfg = S.SamplerConfig(steps=4, sde_steps=3, noise_level=1e-9, noise_patch=patch, sde_type="cps")
+    near_ode = S.sde_rollout(tiny_model, prompts, seeds, tiny_cfg, SHAPE).latents[-1]
+    assert torch.allclose(near_ode.clamp(-1, 1), S.sample(tiny_model, prompts, seeds, SHAPE, 4), atol=1e-5)
+
+
+def test_cps_config_is_validated():
+    with pytest.raises(ConfigError, match="sde_type"):
+        S.SamplerConfig(sde_type="ddim")
+    with pytest.raises(ConfigError, match="noise_level"):
+        S.SamplerConfig(sde_type="cps", noise_level=1.5, sde_steps=2)
+    with pytest.raises(ConfigError, match="sde_steps"):
+        S.SamplerConfig(sde_type="cps", steps=4)  # every step stochastic: the last one lands on t=0
