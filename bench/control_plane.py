@@ -26,8 +26,8 @@ import sys
 import tempfile
 import time
 
-from spotlight.actors.queue import RequestQueueCore
-from spotlight.actors.queue_service import QueueClient
+from spotlight.actors.queue.client import QueueClient
+from spotlight.actors.queue.core import RequestQueueCore
 from spotlight.comm import messages as m
 from spotlight.comm.transport import RpcClient
 

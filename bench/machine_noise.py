@@ -29,7 +29,7 @@ from spotlight.recipe import load_recipe  # noqa: E402
 
 
 def sample_times(n: int) -> list[float]:
-    from spotlight.actors.worker import build_policy_model
+    from spotlight.actors.worker.core import build_policy_model
     from spotlight.policy.sampler import sample
 
     recipe = load_recipe("tiny")

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from spotlight.actors.store_client import TensorStoreClient
+from spotlight.actors.store.client import TensorStoreClient
 
 
 def median_time(fn, reps: int, warmup: int = 2) -> float:
@@ -95,7 +95,7 @@ def main() -> int:
     args = ap.parse_args()
     max_bytes = 4 * (max(args.sizes_mb) << 20)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spotlight.actors.tensor_store", "--bind", "tcp://127.0.0.1:0",
+        [sys.executable, "-m", "spotlight.actors.store", "--bind", "tcp://127.0.0.1:0",
          "--max-bytes", str(max_bytes)], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()  # the service prints its endpoint once bound

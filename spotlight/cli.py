@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--no-progress", action="store_true")
     res.set_defaults(func=_reserved)
 
-    from spotlight.actors.node_agent import build_parser as agent_parser
+    from spotlight.actors.node.service import build_parser as agent_parser
 
     agent = sub.add_parser("agent", parents=[agent_parser(add_help=False)], help="run a node agent (a spot node)",
                            description="Join a run: register with the controller, start workers, pull requests.")
@@ -173,7 +173,7 @@ def _reserved(args) -> int:
 
 
 def _agent(args) -> int:
-    from spotlight.actors.node_agent import run_from_args
+    from spotlight.actors.node.service import run_from_args
 
     return run_from_args(args)
 

@@ -17,17 +17,18 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
+from spotlight import checkpoint
 from spotlight.data.prompts import prompt_set
-from spotlight.models.dit import DiffusionModel, build_model
 from spotlight.data.scenes import VOCABULARY
 from spotlight.evaluation import Evaluator
-from spotlight.policy.grpo import GRPOTrainer, Group
+from spotlight.models.dit import DiffusionModel, build_model
+from spotlight.policy.grpo import Group, GRPOTrainer
 from spotlight.policy.sampler import sample, sde_rollout
 from spotlight.policy.seeds import candidate_seeds, select_contrast
 from spotlight.recipe import Recipe
 from spotlight.report import MetricsLog, plot_rewards
-from spotlight.rewards.base import make_reward, to_uint8_images as to_uint8
-from spotlight import checkpoint
+from spotlight.rewards.base import make_reward
+from spotlight.rewards.base import to_uint8_images as to_uint8
 
 INIT_STREAM = 2_000  # seed stream of a group's shared initial noise
 

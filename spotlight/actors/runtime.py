@@ -35,7 +35,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from spotlight.actors.controller import BackgroundLoop, Controller, ControllerCore, RuntimeExecutor
+from spotlight.actors.controller.client import RuntimeExecutor
+from spotlight.actors.controller.core import ControllerCore
+from spotlight.actors.controller.service import BackgroundLoop, Controller
+from spotlight.actors.procs import alive, descendants, die_with_parent
 from spotlight.comm.auth import cluster_client_keys, cluster_server_keys
 from spotlight.errors import ActorTimeout, SpotlightError
 from spotlight.recipe import Recipe
@@ -102,7 +105,7 @@ class LocalRuntime:
         client_curve = cluster_client_keys(self.curve_keys) if self.curve_keys else None
         queue = self._spawn("queue", [*py, "spotlight.actors.queue", "--bind", self._bind("queue"),
                                       "--lease-s", str(self.lease_s), *keys], "ready ", self.services)
-        store = self._spawn("store", [*py, "spotlight.actors.tensor_store", "--bind", self._bind("store"), *keys],
+        store = self._spawn("store", [*py, "spotlight.actors.store", "--bind", self._bind("store"), *keys],
                             "tensor store ready on ", self.services)
         core = ControllerCore(self.recipe, self._advertised(queue), self._advertised(store), self.lease_s)
         bind = self._bind("controller", self.controller_port)
@@ -112,7 +115,7 @@ class LocalRuntime:
         self.endpoint = self._advertised(self.controller.endpoint)
         # The local agents reach the controller over loopback, with the reserved keys when given.
         local = self.controller.endpoint.replace("0.0.0.0", "127.0.0.1")
-        agent = [*py, "spotlight.actors.node_agent", "--controller", local, *keys]
+        agent = [*py, "spotlight.actors.node", "--controller", local, *keys]
         plan = [("reserved", self.reserved_workers), ("spot", self.spot_workers)]
         for kind, n in plan:  # start all agents first: their workers load the model in parallel
             if n > 0:
@@ -127,7 +130,7 @@ class LocalRuntime:
             # Own session: a terminal's Ctrl-C reaches this process, which tears down in order.
             kw: dict[str, Any] = {"start_new_session": True}
             if self.bg is None:  # no other thread yet: preexec_fn is safe
-                kw["preexec_fn"] = _die_with_parent
+                kw["preexec_fn"] = die_with_parent
             return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, **kw)
 
     def _spawn(self, name: str, cmd: list[str], ready: str, into: dict[str, subprocess.Popen]) -> str:

@@ -316,7 +316,7 @@ class GetWeights(Message):
     version: int
 
 
-# --- tensor store: replies, listing and the shared-memory path (spotlight.actors.store_service) --
+# --- tensor store: replies, listing and the shared-memory path (spotlight.actors.store.service) --
 @register("s.commit_state")
 @dataclass(kw_only=True, slots=True)
 class CommitState(Message):
@@ -470,7 +470,7 @@ class ShmTensors(Message):
     meta: dict[str, Any]
 
 
-# --- controller and node agents (spotlight.actors.controller, spotlight.actors.node_agent) --------
+# --- controller and node agents (spotlight.actors.controller, spotlight.actors.node) --------
 @register("c.register")
 @dataclass(kw_only=True, slots=True)
 class Register(Message):

@@ -16,9 +16,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 import torch
 
-from spotlight.actors.node_agent import spot_notice
-from spotlight.actors.runtime import LocalRuntime, alive, descendants
-from spotlight.actors.worker import build_policy_model
+from spotlight.actors.node.core import spot_notice
+from spotlight.actors.procs import alive, descendants
+from spotlight.actors.runtime import LocalRuntime
+from spotlight.actors.worker.core import build_policy_model
 from spotlight.policy.sampler import sde_rollout
 from spotlight.recipe import load_recipe
 
@@ -153,7 +154,7 @@ def test_metadata_notice_makes_agent_leave(runtime, metadata):
     url, notice = metadata
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SPOTLIGHT_DIE_WITH_PARENT": "1"}
     agent = subprocess.Popen(
-        [sys.executable, "-m", "spotlight.actors.node_agent", "--controller", runtime.controller.endpoint,
+        [sys.executable, "-m", "spotlight.actors.node", "--controller", runtime.controller.endpoint,
          "--workers", "1", "--node-id", "meta-node", "--metadata-poll-s", "0.1",
          "--metadata-url", f"{url}/latest/meta-data/spot/instance-action"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True)

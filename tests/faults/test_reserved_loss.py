@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spotlight.actors.controller import ControllerCore, controller_handlers
-from spotlight.actors.runtime import alive, descendants
+from spotlight.actors.controller.core import ControllerCore, controller_handlers
+from spotlight.actors.procs import alive, descendants
 from spotlight.comm.transport import RpcServer
 from spotlight.recipe import load_recipe
 
@@ -21,11 +21,11 @@ TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_
 
 async def test_agent_leaves_when_the_queue_is_gone(tmp_path: Path, spawn) -> None:
     queue, q_ep = await spawn("spotlight.actors.queue", "--bind", f"ipc://{tmp_path}/q.sock", ready="ready ")
-    _, s_ep = await spawn("spotlight.actors.tensor_store", "--bind", f"ipc://{tmp_path}/s.sock",
+    _, s_ep = await spawn("spotlight.actors.store", "--bind", f"ipc://{tmp_path}/s.sock",
                           ready="tensor store ready on ")
     core = ControllerCore(load_recipe("tiny", TINY), q_ep, s_ep, lease_s=5.0)
     async with RpcServer(controller_handlers(core), bind=f"ipc://{tmp_path}/c.sock") as controller:
-        agent, _ = await spawn("spotlight.actors.node_agent", "--controller", controller.endpoint,
+        agent, _ = await spawn("spotlight.actors.node", "--controller", controller.endpoint,
                                "--queue-lost-s", "1", "--rpc-timeout-s", "0.5", ready="agent ready ")
         workers = descendants(agent.pid)
         assert len(workers) == 1

@@ -11,9 +11,10 @@ import torch
 import zmq
 import zmq.asyncio
 
-from spotlight.actors.controller import ControllerCore, controller_handlers
-from spotlight.actors.store_client import TensorStoreClient
-from spotlight.actors.worker import WorkerCore, build_policy_model, worker_handlers
+from spotlight.actors.controller.core import ControllerCore, controller_handlers
+from spotlight.actors.store.client import TensorStoreClient
+from spotlight.actors.worker.core import WorkerCore, build_policy_model
+from spotlight.actors.worker.service import worker_handlers
 from spotlight.comm import messages as m
 from spotlight.comm.codec import decode
 from spotlight.comm.transport import RpcClient, RpcServer

@@ -18,11 +18,16 @@ import numpy as np
 import pytest
 import torch
 
-from spotlight.actors.controller import ControllerCore, controller_handlers
-from spotlight.actors.runtime import LocalRuntime, alive
-from spotlight.actors.worker import build_policy_model
+from spotlight.actors.controller.core import ControllerCore, controller_handlers
+from spotlight.actors.procs import alive
+from spotlight.actors.runtime import LocalRuntime
+from spotlight.actors.worker.core import build_policy_model
 from spotlight.comm import messages as m
-from spotlight.comm.auth import cluster_client_keys, cluster_server_keys, generate_keypair
+from spotlight.comm.auth import (
+    cluster_client_keys,
+    cluster_server_keys,
+    generate_keypair,
+)
 from spotlight.comm.transport import RpcClient, RpcServer
 from spotlight.errors import ActorTimeout, NotFound
 from spotlight.recipe import load_recipe
@@ -52,7 +57,7 @@ async def services(keys: dict[str, Path], spawn) -> AsyncIterator[dict[str, str]
     reserved = str(keys["reserved"])
     queue, q_ep = await spawn("spotlight.actors.queue", "--bind", "tcp://127.0.0.1:0", "--keys", reserved,
                               ready="ready ")
-    store, s_ep = await spawn("spotlight.actors.tensor_store", "--bind", "tcp://127.0.0.1:0", "--keys", reserved,
+    store, s_ep = await spawn("spotlight.actors.store", "--bind", "tcp://127.0.0.1:0", "--keys", reserved,
                               ready="tensor store ready on ")
     core = ControllerCore(load_recipe("tiny", TINY), q_ep, s_ep, lease_s=5.0)
     async with RpcServer(controller_handlers(core), bind="tcp://127.0.0.1:0",
@@ -102,7 +107,7 @@ def test_spot_agent_with_its_own_keys_runs_a_rollout_over_tcp(keys, tmp_path: Pa
     with LocalRuntime(recipe, transport="tcp", curve_keys=str(keys["reserved"]), reserved_workers=0,
                       spot_workers=0) as rt:
         rt.call(rt.store.publish_weights(0, weights))
-        agent = subprocess.Popen([sys.executable, "-m", "spotlight.actors.node_agent", "--controller", rt.endpoint,
+        agent = subprocess.Popen([sys.executable, "-m", "spotlight.actors.node", "--controller", rt.endpoint,
                                   "--keys", str(keys["good"]), "--node-id", "spot-1"],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         try:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from spotlight.actors.runtime import alive, descendants
+from spotlight.actors.procs import alive, descendants
 from spotlight.comm.auth import keys_main, load_public_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(240)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spotlight.actors.queue_service import QueueClient
+from spotlight.actors.queue.client import QueueClient
 from spotlight.comm import messages as m
 from spotlight.comm.transport import RpcClient
 from spotlight.errors import ActorTimeout, NotFound, ProtocolError, StaleAttempt

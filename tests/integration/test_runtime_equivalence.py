@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from spotlight import Experiment, load_recipe
-from spotlight.actors.runtime import alive
+from spotlight.actors.procs import alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -12,10 +12,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from spotlight.actors import store_shm
-from spotlight.actors.store_client import TensorStoreClient
+from spotlight.actors.store.client import TensorStoreClient
 from spotlight.comm import codec
 from spotlight.comm import messages as m
+from spotlight.comm import shm as segments
 from spotlight.errors import CapacityError, NotFound, ProtocolError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
@@ -25,7 +25,7 @@ MAX_BYTES = 256 << 20
 
 async def start_store(bind: str, *extra: str) -> tuple[asyncio.subprocess.Process, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "spotlight.actors.tensor_store", "--bind", bind,
+        sys.executable, "-m", "spotlight.actors.store", "--bind", bind,
         "--max-bytes", str(MAX_BYTES), *extra,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
@@ -203,19 +203,19 @@ async def test_sigterm_exits_quickly_and_unlinks_segments(tmp_path):
     proc, endpoint = await start_store(f"ipc://{tmp_path}/s.sock")
     async with TensorStoreClient.remote(endpoint, shm=True, timeout=10) as client:
         await client.put("k", {"x": np.ones(1 << 20, np.float32)})
-    mine = [n for n in os.listdir(store_shm.SHM_DIR) if n.startswith(f"{store_shm.PREFIX}{proc.pid}-")]
+    mine = [n for n in os.listdir(segments.SHM_DIR) if n.startswith(f"{segments.PREFIX}{proc.pid}-")]
     assert mine, "the shm put should have used a segment of this service"
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(proc.wait(), 2) == 0
     assert loop.time() - t0 < 2
-    left = [n for n in os.listdir(store_shm.SHM_DIR) if n.startswith(f"{store_shm.PREFIX}{proc.pid}-")]
+    left = [n for n in os.listdir(segments.SHM_DIR) if n.startswith(f"{segments.PREFIX}{proc.pid}-")]
     assert left == []
 
 
 async def test_seal_behind_a_refused_commit_raises_the_refusal():
-    from spotlight.actors.tensor_store import TensorStoreConfig, TensorStoreCore
+    from spotlight.actors.store.core import TensorStoreConfig, TensorStoreCore
 
     core = TensorStoreCore(TensorStoreConfig(max_bytes=64))
     async with TensorStoreClient.local(core) as worker:

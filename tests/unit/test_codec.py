@@ -11,8 +11,7 @@ import pytest
 
 from spotlight.comm import messages as m
 from spotlight.comm.codec import Limits, _checker, decode, encode
-from spotlight.comm.shm import SharedTensor, attach
-from spotlight.errors import NotFound, ProtocolError
+from spotlight.errors import ProtocolError
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -127,20 +126,3 @@ def test_encode_refuses_bad_values() -> None:
         encode(m.Put(key="k", tensors={"a": np.array([object()])}, meta={}))
     with pytest.raises(ProtocolError, match="cannot encode"):
         encode(m.Put(key="k", tensors={}, meta={"f": {1, 2}}))  # a set is not msgpack
-
-
-def test_shm_descriptor_round_trip_and_ownership() -> None:
-    src = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
-    with SharedTensor.copy_of(src) as shared:
-        desc = decode(encode(m.Put(key="k", tensors={}, meta={"shm": shared.descriptor}))).meta["shm"]
-        with attach(desc) as view:
-            np.testing.assert_array_equal(view.array, src)
-            view.array[0, 0] = 42.0  # same pages, not a copy
-            assert shared.array[0, 0] == 42.0
-        name = shared.name
-    with pytest.raises(NotFound, match=name):  # creator unlinked it on exit
-        attach(desc)
-    with pytest.raises(ProtocolError, match="bad segment name"):
-        attach({"name": "/etc/passwd", "dtype": "float32", "shape": [1]})
-    with SharedTensor.empty((4,), np.int32) as small, pytest.raises(ProtocolError, match="needs"):
-        attach({**small.descriptor, "shape": [1 << 20]})

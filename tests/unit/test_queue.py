@@ -7,8 +7,9 @@ import asyncio
 
 import pytest
 
-from spotlight.actors.queue import QueueConfig, RequestQueueCore
-from spotlight.actors.queue_service import QueueClient, QueueService
+from spotlight.actors.queue.client import QueueClient
+from spotlight.actors.queue.core import QueueConfig, RequestQueueCore
+from spotlight.actors.queue.service import QueueService
 from spotlight.errors import ActorTimeout, NotFound, ProtocolError, StaleAttempt
 
 pytestmark = pytest.mark.timeout(10)

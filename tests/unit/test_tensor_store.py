@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spotlight.actors.tensor_store import TensorStoreConfig, TensorStoreCore
+from spotlight.actors.store.core import TensorStoreConfig, TensorStoreCore
 from spotlight.errors import CapacityError, NotFound
 
 
@@ -214,7 +214,7 @@ def test_config_validation_names_field(kwargs, field):
 def test_shm_segments_recycle_and_readers_detect_a_recycle():
     import gc
 
-    from spotlight.actors.store_shm import ClientMappings, ServiceSegments
+    from spotlight.comm.shm import ClientMappings, ServiceSegments
     from spotlight.errors import ProtocolError
 
     segs, maps = ServiceSegments(pool_bytes=16 << 20), ClientMappings()

@@ -19,26 +19,13 @@ workers' math live in their own modules.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
 import logging
-import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import torch
-
-from spotlight.actors.queue_service import QueueClient
-from spotlight.actors.store_client import TensorStoreClient
 from spotlight.comm import messages as m
-from spotlight.comm.auth import CurveClientKeys, CurveServerKeys
-from spotlight.comm.transport import RpcClient, RpcServer
-from spotlight.errors import ActorTimeout, ProtocolError, RemoteError
-from spotlight.loop import ExploreJob, RolloutJob
-from spotlight.policy.grpo import Group
+from spotlight.errors import ProtocolError
 from spotlight.recipe import Recipe
 
 log = logging.getLogger(__name__)

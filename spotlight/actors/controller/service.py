@@ -9,23 +9,15 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import numpy as np
-import torch
-
-from spotlight.actors.queue_service import QueueClient
-from spotlight.actors.store_client import TensorStoreClient
-from spotlight.comm import messages as m
+from spotlight.actors.controller.core import ControllerCore, controller_handlers
+from spotlight.actors.queue.client import QueueClient
+from spotlight.actors.store.client import TensorStoreClient
 from spotlight.comm.auth import CurveClientKeys, CurveServerKeys
 from spotlight.comm.transport import RpcClient, RpcServer
-from spotlight.errors import ActorTimeout, ProtocolError, RemoteError
-from spotlight.loop import ExploreJob, RolloutJob
-from spotlight.policy.grpo import Group
-from spotlight.recipe import Recipe
-from spotlight.actors.controller.core import ControllerCore, controller_handlers
+from spotlight.errors import ActorTimeout
 
 log = logging.getLogger(__name__)
 

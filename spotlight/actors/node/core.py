@@ -11,7 +11,7 @@
   ``instance/preempted`` form) makes the agent leave: every busy worker finishes its current step
   and flushes its commit, every lease is released, workers are stopped, the agent exits — within
   ``AgentConfig.leave_s``. SIGINT is the same clean exit.
-- ``main``: the process shell (``python -m spotlight.actors.node_agent`` / ``spotlight agent``).
+- ``main``: the process shell (``python -m spotlight.actors.node`` / ``spotlight agent``).
 
 Every task is owned by a TaskGroup, every remote await has a timeout, and workers die with the
 agent (PR_SET_PDEATHSIG) even if it is SIGKILLed.
@@ -21,26 +21,29 @@ This module knows leases, processes and notices; it knows nothing of models or t
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import os
 import shutil
-import signal
 import socket
-import sys
 import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from spotlight.actors.queue_service import QueueClient
+from spotlight.actors.queue.client import QueueClient
+from spotlight.actors.worker.client import WorkerHandle
 from spotlight.comm import messages as m
 from spotlight.comm.auth import cluster_client_keys
 from spotlight.comm.transport import RpcClient
-from spotlight.errors import ActorTimeout, NotFound, Preempted, SpotlightError, StaleAttempt
-from spotlight.actors.worker.client import WorkerHandle
+from spotlight.errors import (
+    ActorTimeout,
+    NotFound,
+    Preempted,
+    SpotlightError,
+    StaleAttempt,
+)
 
 # A message about a lease the queue no longer honours: another attempt owns the request
 # (StaleAttempt) or its iteration is finished and forgotten (NotFound). Counted, never fatal.

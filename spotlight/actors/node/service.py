@@ -5,25 +5,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
-import shutil
 import signal
-import socket
 import sys
-import tempfile
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 
-from spotlight.actors.queue_service import QueueClient
-from spotlight.comm import messages as m
-from spotlight.comm.auth import cluster_client_keys
-from spotlight.comm.transport import RpcClient
-from spotlight.errors import ActorTimeout, NotFound, Preempted, SpotlightError, StaleAttempt
 from spotlight.actors.node.core import AgentConfig, NodeAgent
 from spotlight.actors.procs import die_with_parent
+from spotlight.errors import (
+    ActorTimeout,
+    SpotlightError,
+)
+
 
 # --- process shell ---------------------------------------------------------------------------------
 async def serve(config: AgentConfig) -> None:
@@ -38,7 +31,7 @@ async def serve(config: AgentConfig) -> None:
 
 
 def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m spotlight.actors.node_agent", description="Run a node agent.",
+    p = argparse.ArgumentParser(prog="python -m spotlight.actors.node", description="Run a node agent.",
                                 add_help=add_help)
     p.add_argument("--controller", required=True, help="tcp://HOST:PORT of the reserved side")
     p.add_argument("--workers", type=int, default=1)
@@ -64,7 +57,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run an agent from parsed ``build_parser`` arguments (also ``spotlight agent``)."""
-    from spotlight.actors.worker import die_with_parent
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s agent %(name)s %(levelname)s %(message)s")
     if os.environ.get("SPOTLIGHT_DIE_WITH_PARENT"):

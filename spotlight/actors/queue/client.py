@@ -7,21 +7,16 @@ This module knows messages and timeouts; the queue's rules live in ``core``, its
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import inspect
-import logging
 import math
-import signal
 from collections.abc import Callable
 from typing import Any
 
-from spotlight.actors.queue.core import KINDS, QueueConfig, RequestQueueCore
-from spotlight.comm import messages as m
-from spotlight.comm.auth import cluster_server_keys
-from spotlight.comm.transport import RpcClient, RpcServer, shutdown_group
-from spotlight.errors import NotFound, ProtocolError, StaleAttempt
+from spotlight.actors.queue.core import KINDS, RequestQueueCore
 from spotlight.actors.queue.service import queue_handlers
+from spotlight.comm import messages as m
+from spotlight.comm.transport import RpcClient
+
 
 class QueueClient:
     """The queue's async API, in-process (``QueueClient.local(core)``) or over an ``RpcClient``."""

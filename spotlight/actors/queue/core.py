@@ -2,7 +2,7 @@
 
 - ``RequestQueueCore`` (here): the logic, a plain class with an injectable clock (tests use a
   fake one).
-- ``QueueService``, ``QueueClient`` (``spotlight.actors.queue_service``): the process shell with
+- ``QueueService``, ``QueueClient`` (``spotlight.actors.queue.service`` / ``.client``): the process shell with
   the lease-expiry timer, and a client that hides whether the core is local or remote.
 - ``python -m spotlight.actors.queue --bind ADDR``: serve until SIGTERM/SIGINT.
 
@@ -295,10 +295,3 @@ class RequestQueueCore:
         self._open[rec.iteration] -= 1
         if self._open[rec.iteration] == 0 and rec.iteration in self._iter_done:
             self._iter_done[rec.iteration].set()
-
-
-
-if __name__ == "__main__":  # python -m spotlight.actors.queue: the shell lives in queue_service
-    from spotlight.actors.queue_service import main
-
-    main()

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import logging
 import math
 import signal
 from collections.abc import Callable
 from typing import Any
 
-from spotlight.actors.queue.core import KINDS, QueueConfig, RequestQueueCore
+from spotlight.actors.queue.core import QueueConfig, RequestQueueCore
 from spotlight.comm import messages as m
 from spotlight.comm.auth import cluster_server_keys
-from spotlight.comm.transport import RpcClient, RpcServer, shutdown_group
+from spotlight.comm.transport import RpcServer, shutdown_group
 from spotlight.errors import NotFound, ProtocolError, StaleAttempt
 
 log = logging.getLogger(__name__)

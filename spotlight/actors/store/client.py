@@ -8,7 +8,7 @@ Bulk path. Over ZeroMQ every tensor is a zero-copy frame. When the store shares 
 ``/dev/shm`` (checked at open: same boot id + host, and a probe segment attaches), tensors of at
 least ``ShmInfo.min_bytes`` go through shared memory instead: the client borrows a segment from the
 service (``ShmLend``), copies into it once, and the service adopts it without copying; reads copy
-out once and check the segment's generation. The service owns every segment (see ``store_shm``).
+out once and check the segment's generation. The service owns every segment (see ``spotlight.comm.shm``).
 
 Commits. ``commit_nowait`` returns at once; an owned flusher task sends pending commits in order.
 Each commit is sent at the worker's next yield without waiting for earlier replies (up to
@@ -33,11 +33,11 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from spotlight.actors.store_service import StoreHandlers, host_id
-from spotlight.actors.store_shm import ClientMappings
-from spotlight.actors.tensor_store import Tensors, TensorStoreCore
+from spotlight.actors.store.core import Tensors, TensorStoreCore
+from spotlight.actors.store.service import StoreHandlers, host_id
 from spotlight.comm import messages as m
 from spotlight.comm.auth import CurveClientKeys
+from spotlight.comm.shm import ClientMappings
 from spotlight.comm.transport import RpcClient
 from spotlight.errors import CapacityError, ProtocolError, RemoteError
 

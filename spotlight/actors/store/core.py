@@ -1,6 +1,6 @@
 """The tensor store's logic: keyed tensors, per-request commits and weights versions.
 
-Run the service: ``python -m spotlight.actors.tensor_store --bind tcp://0.0.0.0:5560``.
+Run the service: ``python -m spotlight.actors.store --bind tcp://0.0.0.0:5560``.
 
 ``TensorStoreCore`` is a plain, single-threaded class with no sockets, no event loop and no
 knowledge of the wire; the process shell and the client live in ``store_service.py``. It holds
@@ -334,9 +334,3 @@ class TensorStoreCore:
         for v in freed:
             self._bytes -= self._weights.pop(v)[1]
         return freed
-
-
-if __name__ == "__main__":  # python -m spotlight.actors.tensor_store --bind ADDR [--max-bytes N]
-    from spotlight.actors.store_service import main
-
-    raise SystemExit(main())

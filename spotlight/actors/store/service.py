@@ -3,8 +3,8 @@
 ``StoreHandlers`` maps each store message to a core call and builds the reply; it is what both
 the socket server and the in-process client run, so local and remote behave the same.
 ``TensorStoreService`` puts those handlers behind a ``comm.transport.RpcServer`` (ROUTER) and,
-when enabled, lends shared-memory segments (``store_shm``) to writers on the same machine.
-``main`` is the CLI entry (``python -m spotlight.actors.tensor_store --bind ADDR``): it owns the
+when enabled, lends shared-memory segments (``spotlight.comm.shm``) to writers on the same machine.
+``main`` is the CLI entry (``python -m spotlight.actors.store --bind ADDR``): it owns the
 signals and exits cleanly on SIGTERM/SIGINT.
 
 Handlers are plain functions: the transport runs them inline in its receive loop, one at a time
@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from spotlight.actors import store_shm
-from spotlight.actors.tensor_store import TensorStoreConfig, TensorStoreCore
+from spotlight.actors.store.core import TensorStoreConfig, TensorStoreCore
 from spotlight.comm import messages as m
+from spotlight.comm import shm as segments
 from spotlight.comm.auth import CurveServerKeys, cluster_server_keys
 from spotlight.comm.transport import RpcServer
 from spotlight.errors import ProtocolError, RemoteError, SpotlightError
@@ -66,7 +66,7 @@ def _refusing(handler: Any) -> Any:
 class StoreHandlers:
     """Message handlers over one core (and, optionally, the service's shared-memory segments)."""
 
-    def __init__(self, core: TensorStoreCore, segments: store_shm.ServiceSegments | None = None,
+    def __init__(self, core: TensorStoreCore, segments: segments.ServiceSegments | None = None,
                  shm_min_bytes: int = SHM_MIN_BYTES) -> None:
         self.core = core
         self.segments = segments
@@ -212,8 +212,8 @@ class TensorStoreService:
                  shm_pool_bytes: int = 1 << 30, shm_min_bytes: int = SHM_MIN_BYTES,
                  curve: CurveServerKeys | None = None) -> None:
         self.core = TensorStoreCore(config)
-        store_shm.sweep_dead()  # segments of an earlier store on this machine that was SIGKILLed
-        self.segments = store_shm.ServiceSegments(shm_pool_bytes) if shm else None
+        segments.sweep_dead()  # segments of an earlier store on this machine that was SIGKILLed
+        self.segments = segments.ServiceSegments(shm_pool_bytes) if shm else None
         self.handlers = StoreHandlers(self.core, self.segments, shm_min_bytes)
         self._server = RpcServer(self.handlers.table(), bind=bind, curve=curve)
         self.endpoint = ""
@@ -245,7 +245,7 @@ class TensorStoreService:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spotlight.actors.tensor_store",
+    parser = argparse.ArgumentParser(prog="python -m spotlight.actors.store",
                                      description="Serve a Spotlight tensor store.")
     parser.add_argument("--bind", required=True, help="ZeroMQ address, e.g. tcp://0.0.0.0:5560")
     parser.add_argument("--max-bytes", type=int, default=TensorStoreConfig().max_bytes)

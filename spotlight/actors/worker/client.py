@@ -3,25 +3,18 @@ that drives it (start and wait for readiness, stop with a grace period)."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import logging
 import os
-import shutil
 import signal
-import socket
 import sys
-import tempfile
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 
-from spotlight.actors.queue_service import QueueClient
-from spotlight.comm import messages as m
-from spotlight.comm.auth import cluster_client_keys
 from spotlight.comm.transport import RpcClient
-from spotlight.errors import ActorTimeout, NotFound, Preempted, SpotlightError, StaleAttempt
+from spotlight.errors import (
+    ActorTimeout,
+    SpotlightError,
+)
+
 
 class WorkerHandle:
     """One worker process and the ipc client that drives it."""

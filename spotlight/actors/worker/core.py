@@ -27,26 +27,18 @@ beyond the LeaseGrant it is handed (the agent talks to the queue).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import ctypes
-import json
 import logging
-import os
-import signal
-import sys
 import time
 from typing import Any
 
 import numpy as np
 import torch
 
-from spotlight.actors.store_client import TensorStoreClient
+from spotlight.actors.store.client import TensorStoreClient
 from spotlight.comm import messages as m
-from spotlight.comm.auth import cluster_client_keys
-from spotlight.comm.transport import RpcServer
 from spotlight.errors import Preempted, ProtocolError
-from spotlight.recipe import Recipe, load_recipe
+from spotlight.recipe import Recipe
 
 log = logging.getLogger(__name__)
 

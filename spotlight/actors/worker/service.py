@@ -5,26 +5,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import json
 import logging
 import os
 import signal
 import sys
-import time
 from typing import Any
 
-import numpy as np
 import torch
 
-from spotlight.actors.store_client import TensorStoreClient
+from spotlight.actors.procs import die_with_parent
+from spotlight.actors.store.client import TensorStoreClient
+from spotlight.actors.worker.core import WorkerCore
 from spotlight.comm import messages as m
 from spotlight.comm.auth import cluster_client_keys
 from spotlight.comm.transport import RpcServer
-from spotlight.errors import Preempted, ProtocolError
 from spotlight.recipe import Recipe, load_recipe
-from spotlight.actors.procs import die_with_parent
-from spotlight.actors.worker.core import WorkerCore
 
 log = logging.getLogger(__name__)
 
