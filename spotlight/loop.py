@@ -27,8 +27,8 @@ from spotlight.policy.sampler import sample, sde_rollout
 from spotlight.policy.seeds import candidate_seeds, select_contrast
 from spotlight.recipe import Recipe
 from spotlight.report import MetricsLog, plot_rewards
-from spotlight.rewards.base import make_reward
 from spotlight.rewards.base import to_uint8_images as to_uint8
+from spotlight.rewards.config import load_reward
 
 INIT_STREAM = 2_000  # seed stream of a group's shared initial noise
 
@@ -102,7 +102,7 @@ class Loop:
         r = recipe.run
         torch.manual_seed(r.seed)
         self.prompts = prompt_set(r.prompts)
-        self.reward = make_reward(r.reward)
+        self.reward = load_reward(recipe.reward)
         self.model = build_model(recipe.model, VOCABULARY)
         self.trainer = GRPOTrainer(self.model, recipe.grpo, recipe.sampler, seed=r.seed)
         self.out = Path(r.out_dir) / r.name

@@ -20,6 +20,7 @@ from spotlight.models.dit import ModelConfig
 from spotlight.policy.grpo import GRPOConfig
 from spotlight.policy.sampler import SamplerConfig
 from spotlight.policy.seeds import ExploreConfig
+from spotlight.rewards.config import RewardConfig
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 
@@ -38,7 +39,6 @@ class RunConfig:
     prompts_per_iteration: int = 8
     group_size: int = 8
     """G: rollouts per prompt; must be even when exploration selects seeds."""
-    reward: str = "compositional"
     eval_every: int = 5
     eval_seeds: int = 3
     """Evaluation repeats with disjoint seed sets; the report gives mean and spread over them.
@@ -79,6 +79,7 @@ class Recipe:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     explore: ExploreConfig = field(default_factory=ExploreConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
     def __post_init__(self) -> None:
         if self.explore.enabled:
@@ -89,7 +90,9 @@ class Recipe:
                                   f"({self.run.group_size})")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain tables `load_recipe` reads back (a section with its own table form uses it)."""
+        return {f.name: (s.to_table() if hasattr(s := getattr(self, f.name), "to_table") else dataclasses.asdict(s))
+                for f in dataclasses.fields(self)}
 
 
 SECTIONS: dict[str, type] = get_type_hints(Recipe)  # section name -> its config dataclass
@@ -149,7 +152,8 @@ def _build(data: dict[str, Any]) -> Recipe:
             raise ConfigError(f"unknown section [{name}]; known: {', '.join(SECTIONS)}")
         if not isinstance(values, dict):
             raise ConfigError(f"[{name}] must be a table")
-        sections[name] = _section(name, SECTIONS[name], values)
+        cls = SECTIONS[name]  # a section whose keys are open (e.g. a reward's arguments) reads its own table
+        sections[name] = cls.from_table(values) if hasattr(cls, "from_table") else _section(name, cls, values)
     return Recipe(**sections)
 
 

@@ -1,8 +1,11 @@
-"""Rewards: one plug-in interface (``base``) and the scorers built on it.
+"""Rewards: one plug-in interface (``base``), the recipe's ``[reward]`` section (``config``) and
+the scorers built on it.
 
-``make_reward("jpeg", quality=90)`` builds a reward by name; built-in scorers (jpeg, http,
-compositional) are imported only when first used, so ``import spotlight.rewards`` stays cheap.
-The classes are reachable here too, also lazily (PEP 562 ``__getattr__``).
+``load_reward(recipe.reward)`` builds the reward a recipe names (a name with arguments, a weighted
+sum, or a user's ``"module:factory"``); ``make_reward("jpeg", quality=90)`` is the same from code.
+Built-in scorers (jpeg, http, compositional) are imported only when first used, so
+``import spotlight.rewards`` stays cheap. The classes are reachable here too, also lazily (PEP 562
+``__getattr__``).
 """
 
 from __future__ import annotations
@@ -10,17 +13,21 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from spotlight.rewards.base import __all__ as _base_all
 from spotlight.rewards.base import (
     RewardFn,
     WeightedSum,
     check_batch,
+    check_arguments,
     check_scores,
     known_rewards,
     make_reward,
     register_reward,
+    resolve_reward,
     to_uint8_images,
+    unregister_reward,
 )
+from spotlight.rewards.base import __all__ as _base_all
+from spotlight.rewards.config import RewardConfig, load_reward
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {
@@ -31,7 +38,7 @@ _LAZY = {
     "serve_reward": "spotlight.rewards.http",
 }
 
-__all__ = [*_base_all, *_LAZY]
+__all__ = [*_base_all, "RewardConfig", "load_reward", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,7 +8,9 @@ calls the reward it was configured with.
 Rewards are found by name through a small registry. Built-in names map to ``"module:attr"``
 strings that are imported only when first asked for, so importing this module (e.g. in a
 controller that never scores) pulls in neither PIL-heavy scorers nor the compositional detector.
-Third-party code adds names with ``@register_reward("name")``.
+Third-party code adds names with ``@register_reward("name")``, or is named by import path
+(``"mypkg.rewards:make_score"``, a factory), which also reaches worker processes that never ran
+the registering script. A recipe's ``[reward]`` section is :class:`spotlight.rewards.config.RewardConfig`.
 
 This module imports numpy only; torch is touched through the tensor's own methods.
 """
@@ -31,11 +33,14 @@ if TYPE_CHECKING:  # only for annotations: importing base must stay cheap
 __all__ = [
     "RewardFn",
     "WeightedSum",
+    "check_arguments",
     "check_batch",
     "check_scores",
     "known_rewards",
     "make_reward",
     "register_reward",
+    "resolve_reward",
+    "unregister_reward",
     "to_uint8_images",
 ]
 
@@ -117,6 +122,7 @@ _BUILTIN: dict[str, str] = {
     "jpeg": "spotlight.rewards.jpeg:JpegCompressibility",
     "http": "spotlight.rewards.http:HttpReward",
     "compositional": "spotlight.rewards.compositional:CompositionalReward",
+    "weighted": "spotlight.rewards.config:weighted_sum",
 }
 _REGISTRY: dict[str, Callable[..., RewardFn]] = {}
 
@@ -138,6 +144,12 @@ def register_reward(name: str) -> Callable[[Callable[..., RewardFn]], Callable[.
     return decorator
 
 
+def unregister_reward(name: str) -> None:
+    """Forget a name :func:`register_reward` added (tests, notebooks re-defining a reward)."""
+    if _REGISTRY.pop(name, None) is None:
+        raise KeyError(f"reward {name!r} is not registered")
+
+
 def _qualname(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
@@ -147,11 +159,19 @@ def known_rewards() -> list[str]:
     return sorted(set(_BUILTIN) | set(_REGISTRY))
 
 
-def _resolve(name: str) -> Callable[..., RewardFn]:
+def resolve_reward(name: str) -> Callable[..., RewardFn]:
+    """The factory behind ``name``: a registered name, a built-in, or ``"module:attr"``.
+
+    Imports the module that defines it but builds nothing. Raises ConfigError for an unknown
+    name or an import path that does not import.
+    """
+    if ":" in name:
+        return _import_path(name)
     if name in _REGISTRY:
         return _REGISTRY[name]
     if name not in _BUILTIN:
-        raise ConfigError(f"unknown reward {name!r}; known rewards: {', '.join(known_rewards())}")
+        hint = "; an import path is written 'module:attribute'" if "." in name else ""
+        raise ConfigError(f"unknown reward {name!r}; known rewards: {', '.join(known_rewards())}{hint}")
     module_name, _, attr = _BUILTIN[name].partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -167,26 +187,55 @@ def _resolve(name: str) -> Callable[..., RewardFn]:
         raise ConfigError(f"reward {name!r}: {module_name} has no attribute {attr!r}") from e
 
 
-def make_reward(name: str, **kwargs: Any) -> RewardFn:
-    """Build the reward registered as ``name`` with ``kwargs``.
+def _import_path(path: str) -> Callable[..., RewardFn]:
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr or ":" in attr:
+        raise ConfigError(f"reward {path!r}: an import path is written 'package.module:attribute'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # a user's module: any failure to import is a configuration problem
+        raise ConfigError(f"reward {path!r}: cannot import {module_name} ({type(e).__name__}: {e}); "
+                          f"is it installed or on PYTHONPATH in every process?") from e
+    factory: Any = module
+    for part in attr.split("."):  # "module:Class.method" reaches a nested attribute
+        try:
+            factory = getattr(factory, part)
+        except AttributeError as e:
+            raise ConfigError(f"reward {path!r}: {module_name} has no attribute {attr!r}") from e
+    if not callable(factory):
+        raise ConfigError(f"reward {path!r}: {attr} is a {type(factory).__name__}, not a factory "
+                          f"(a class or function that returns a reward)")
+    return factory
 
-    Raises ConfigError for an unknown name (listing the known ones) or for arguments the
-    factory does not accept (listing the ones it does), before the factory runs.
-    """
-    factory = _resolve(name)
+
+def check_arguments(name: str, factory: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+    """Raise ConfigError if ``factory`` cannot be called with ``kwargs`` (an unknown or a missing
+    argument), listing the arguments it accepts, without calling it."""
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):  # some builtins have no signature; let the call decide
-        signature = None
-    if signature is not None:
-        try:
-            signature.bind(**kwargs)
-        except TypeError as e:
-            accepted = [p for p in signature.parameters if p not in ("self", "args", "kwargs")]
-            raise ConfigError(
-                f"reward {name!r}: {e}; accepted arguments: {', '.join(accepted) or 'none'}"
-            ) from None
-    return factory(**kwargs)
+        return
+    try:
+        signature.bind(**kwargs)
+    except TypeError as e:
+        accepted = [p for p in signature.parameters if p not in ("self", "args", "kwargs")]
+        raise ConfigError(f"reward {name!r}: {e}; accepted arguments: {', '.join(accepted) or 'none'}") from None
+
+
+def make_reward(name: str, **kwargs: Any) -> RewardFn:
+    """Build the reward ``name`` (registered, built-in or ``"module:attr"``) with ``kwargs``.
+
+    Raises ConfigError for an unknown name (listing the known ones), for arguments the factory
+    does not accept or misses (listing the ones it does), before the factory runs, and when the
+    factory returns something that is not a reward.
+    """
+    factory = resolve_reward(name)
+    check_arguments(name, factory, kwargs)
+    reward = factory(**kwargs)
+    if not isinstance(reward, RewardFn) or not isinstance(reward.name, str):
+        raise ConfigError(f"reward {name!r}: the factory returned {type(reward).__name__}, not a reward "
+                          f"(an object with a str `name` and `__call__(images, prompts)`)")
+    return reward
 
 
 # --- combinator ---------------------------------------------------------------------------------
@@ -226,17 +275,3 @@ class WeightedSum:
 
     def __repr__(self) -> str:
         return f"WeightedSum({self.name!r})"
-
-
-@register_reward("weighted")
-def weighted_sum(
-    weights: Mapping[str, float], options: Mapping[str, Mapping[str, Any]] | None = None
-) -> WeightedSum:
-    """Recipe-friendly WeightedSum: ``weights={"compositional": 1.0, "jpeg": 0.1}`` and
-    ``options={"jpeg": {"quality": 90}}`` (per-term constructor arguments)."""
-    options = dict(options or {})
-    extra = sorted(set(options) - set(weights))
-    if extra:
-        raise ConfigError(f"reward 'weighted': options given for rewards without a weight: {extra}")
-    terms = [(make_reward(n, **dict(options.get(n, {}))), w) for n, w in weights.items()]
-    return WeightedSum(terms)

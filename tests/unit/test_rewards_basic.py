@@ -120,11 +120,14 @@ def test_weighted_sum_combines_and_reports_parts() -> None:
 
 
 def test_weighted_sum_of_real_rewards_matches_by_hand() -> None:
-    jpeg = JpegCompressibility()
-    w = make_reward("weighted", weights={"jpeg": 2.0})
+    jpeg, low = JpegCompressibility(), JpegCompressibility(quality=20)
+    w = make_reward("weighted", terms=[{"name": "jpeg", "weight": 2.0}])
     np.testing.assert_allclose(w(NOISE, PROMPTS), 2.0 * jpeg(NOISE, PROMPTS), rtol=1e-6)
-    with pytest.raises(ConfigError, match="without a weight"):
-        make_reward("weighted", weights={"jpeg": 1.0}, options={"http": {}})
+    # per-term arguments sit beside the term's name and weight, as in a [[reward.terms]] table
+    w = make_reward("weighted", terms=[{"name": "jpeg", "weight": -1.0, "quality": 20}])
+    np.testing.assert_allclose(w(NOISE, PROMPTS), -low(NOISE, PROMPTS), rtol=1e-6)
+    with pytest.raises(ConfigError, match=r"terms\[0\] needs a name and a weight"):
+        make_reward("weighted", terms=[{"name": "jpeg"}])
 
 
 def test_weighted_sum_rejects_bad_terms() -> None:

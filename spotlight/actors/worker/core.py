@@ -69,13 +69,13 @@ class WorkerCore:
 
     def __init__(self, recipe: Recipe, store: TensorStoreClient, model=None, *, worker_id: str = "worker",
                  step_delay_s: float = 0.0) -> None:
-        from spotlight.rewards.base import make_reward
+        from spotlight.rewards.config import load_reward
 
         self.recipe, self.store, self.worker_id = recipe, store, worker_id
         # Fault injection only (a slow device): lets tests land a kill between two steps.
         self.step_delay_s = step_delay_s
         self.model = model if model is not None else build_policy_model(recipe)
-        self.reward = make_reward(recipe.run.reward)
+        self.reward = load_reward(recipe.reward)
         c = recipe.model
         self.shape = (c.channels, c.image_size, c.image_size)
         # numpy views on the parameters: get_weights(out=...) fills the model without a copy.
