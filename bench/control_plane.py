@@ -35,10 +35,13 @@ GOAL_LC_PER_S = 20_000
 GOAL_P50_MS = 1.0
 
 
-def requests(prefix: str, n: int, iteration: int) -> list[dict]:
-    return [{"request_id": f"{prefix}{i}", "kind": "rollout" if i % 4 else "explore",
-             "iteration": iteration, "payload": {"seed": i, "prompt_id": i % 64}}
+def requests(prefix: str, n: int, iteration: int) -> list[m.WorkRequest]:
+    return [m.WorkRequest(request_id=f"{prefix}{i}", batch=str(iteration),
+                          work=(m.RolloutWork if i % 4 else m.ExploreWork)(prompt=f"p{i % 64}", seeds=[i], version=0))
             for i in range(n)]
+
+
+RESULT = {"rollout": m.RolloutResult(key="traj/x", nbytes=1024, rewards=[0.5]), "explore": m.ExploreResult(rewards=[0.5])}
 
 
 def bench_core(n: int) -> dict:
@@ -47,7 +50,7 @@ def bench_core(n: int) -> dict:
     t0 = time.perf_counter()
     while (lease := core.pull("w")) is not None:
         core.heartbeat(lease.request_id, lease.attempt, "w", committed_step=1)
-        core.complete(lease.request_id, lease.attempt, "w", {"reward": 0.5})
+        core.complete(lease.request_id, lease.attempt, "w", RESULT[lease.kind])
     dt = time.perf_counter() - t0
     return {"lc": n / dt, "ops": 3 * n / dt}
 
@@ -64,7 +67,7 @@ async def unbatched(clients: list[QueueClient], n: int, iteration: int) -> dict:
     async def worker(q: QueueClient, wid: str) -> None:
         while (lease := await q.pull(wid)) is not None:
             await q.heartbeat(lease.request_id, lease.attempt, wid, committed_step=1)
-            await q.complete(lease.request_id, lease.attempt, wid, {"reward": 0.5})
+            await q.complete(lease.request_id, lease.attempt, wid, RESULT[lease.kind])
 
     t0 = time.perf_counter()
     async with asyncio.TaskGroup() as tg:
@@ -81,7 +84,7 @@ async def batched(clients: list[QueueClient], n: int, batch: int, iteration: int
         while leases := await q.pull_many(wid, max_n=batch):
             done = await q.complete_many([
                 m.Complete(request_id=g.request_id, attempt=g.attempt, worker_id=wid,
-                           result={"reward": 0.5}) for g in leases])
+                           result=RESULT[g.kind]) for g in leases])
             assert done.accepted == len(leases), done.rejected[:3]
 
     t0 = time.perf_counter()

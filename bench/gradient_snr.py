@@ -17,7 +17,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from spotlight.loop import Loop, RolloutJob  # noqa: E402
+from spotlight.comm.messages import RolloutWork  # noqa: E402
+from spotlight.loop import Loop  # noqa: E402
 from spotlight.policy.grpo import advantages  # noqa: E402
 from spotlight.policy.seeds import candidate_seeds  # noqa: E402
 from spotlight.recipe import load_recipe  # noqa: E402
@@ -26,9 +27,9 @@ from spotlight.recipe import load_recipe  # noqa: E402
 def gradient(loop: Loop, iteration: int) -> tuple[torch.Tensor, float]:
     prompts, r = loop.prompts, loop.recipe.run
     inits = loop.init_seeds(iteration, prompts)
-    jobs = [RolloutJob(p, candidate_seeds(r.seed, iteration, i, r.group_size), init)
-            for i, (p, init) in enumerate(zip(prompts, inits))]
-    groups = loop.executor.rollout(jobs)
+    jobs = [RolloutWork(prompt=p, seeds=candidate_seeds(r.seed, iteration, i, r.group_size), version=loop.version,
+                        init_seed=init) for i, (p, init) in enumerate(zip(prompts, inits))]
+    groups = loop.executor.rollout(f"snr{iteration}", jobs).result()
     tr = loop.trainer
     tr.opt.zero_grad(set_to_none=True)
     steps = list(range(loop.recipe.sampler.stochastic_steps))

@@ -47,11 +47,11 @@ class Experiment:
             return self.loop.run()
         from spotlight.actors.runtime import LocalRuntime
 
-        r = self.recipe.run
+        r = self.recipe.runtime
         if r.reserved_workers + r.spot_workers < 1:
             raise ConfigError("run.mode=\"runtime\" on one machine needs a worker: "
-                              "run.reserved_workers + run.spot_workers >= 1")
+                              "runtime.reserved_workers + runtime.spot_workers >= 1")
         with LocalRuntime(self.recipe) as self.runtime:
-            self.loop = Loop(self.recipe, executor_factory=self.runtime.executor, resume=resume, hooks=hooks,
+            self.loop = Loop(self.recipe, executor=self.runtime.executor, resume=resume, hooks=hooks,
                              progress=progress)
             return self.loop.run()

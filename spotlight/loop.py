@@ -1,108 +1,111 @@
 """The GRPO iteration loop: seeds → rollout → reward → update → (evaluate, checkpoint).
 
-`Loop` is the same for every mode; where the tensor work happens is the `Executor`'s business.
-`LocalExecutor` does it in this process (the reference); the runtime's executor sends the same
-work as requests through the queue to workers (spotlight.actors.controller). Baselines are
-switches of the recipe (explore.enabled, run.mode), never separate loops.
+`Loop` is the iteration driver, the same for every mode; where the tensor work happens is the
+`Executor`'s business. Work is submitted as batches of typed jobs (`spotlight.comm.messages`
+ExploreWork / RolloutWork, each naming its weights version) and answered by handles, so a schedule
+can keep exploration, rollouts and the training step in flight at once; the serial schedule
+(`Loop.step`) is today's default. `LocalExecutor` does the work in this process (the reference);
+the runtime's executor (`spotlight.actors.controller.client`) sends the same jobs through the queue
+to workers, which run them with the same functions (`spotlight.work`). Baselines are switches of
+the recipe (explore.enabled, run.mode), never separate loops.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
 
-from spotlight import checkpoint
+from spotlight import checkpoint, work
+from spotlight.comm import messages as m
 from spotlight.data.prompts import prompt_set
 from spotlight.data.scenes import VOCABULARY
 from spotlight.evaluation import Evaluator
 from spotlight.models.dit import DiffusionModel, build_model
 from spotlight.policy.grpo import Group, GRPOTrainer
-from spotlight.policy.sampler import sample, sde_rollout
 from spotlight.policy.seeds import candidate_seeds, select_contrast
 from spotlight.recipe import Recipe
 from spotlight.report import MetricsLog, plot_rewards
-from spotlight.rewards.base import to_uint8_images as to_uint8
-from spotlight.rewards.config import load_reward
 
 INIT_STREAM = 2_000  # seed stream of a group's shared initial noise
 
 
-@dataclass(slots=True)
-class ExploreJob:
-    prompt: str
-    seeds: list[int]
-    effective_steps: int | None
-    init_seed: int | None = None  # shared x_1 of the group (sampler.shared_init), else per-seed
-
-
-@dataclass(slots=True)
-class RolloutJob:
-    prompt: str
-    seeds: list[int]
-    init_seed: int | None = None
-
-
 class Executor(Protocol):
-    """Runs the batch work of an iteration; every job is one batch (prompt × seeds)."""
+    """Where an iteration's work runs. Work is submitted as a batch (one job per prompt, each job
+    one unit: never split or merged) and answered by a handle — a ``concurrent.futures.Future`` the
+    driver awaits (``result()``) or polls (``done()``) later, so explore, rollout and the training
+    step can be in flight at once. Every job names the weights version it must run with; ``batch``
+    is the driver's name for the set. ``publish(version, model)`` makes the model's weights
+    available as ``version`` before any job names it."""
 
-    def explore(self, jobs: list[ExploreJob]) -> list[np.ndarray]: ...
-    def rollout(self, jobs: list[RolloutJob]) -> list[Group]: ...
-    def publish(self, version: int) -> None: ...
+    def explore(self, batch: str, jobs: list[m.ExploreWork]) -> Future[list[np.ndarray]]: ...
+    def rollout(self, batch: str, jobs: list[m.RolloutWork]) -> Future[list[Group]]: ...
+    def publish(self, version: int, model) -> None: ...
+
+
+ExecutorFactory = Callable[[DiffusionModel, Recipe, int], Executor]
+"""(trainer's model, recipe, first weights version) -> an Executor with that version published."""
+
+
+def done_future(fn: Callable[[], Any]) -> Future:
+    """A finished future holding ``fn()``'s value (or its exception)."""
+    fut: Future = Future()
+    try:
+        fut.set_result(fn())
+    except Exception as e:  # handed to whoever awaits the handle, as a remote failure would be
+        fut.set_exception(e)
+    return fut
 
 
 class LocalExecutor:
-    """Does the work in this process with the trainer's model (always the fresh weights)."""
+    """The reference: does the work in this process, at submit time, with the trainer's own model.
 
-    def __init__(self, model: DiffusionModel, recipe: Recipe, reward):
-        self.model, self.recipe, self.reward = model, recipe, reward
-        c = recipe.model
-        self.shape = (c.channels, c.image_size, c.image_size)
+    Running a job when it is submitted means it sees the weights as they are then (the version
+    it names), however late its handle is awaited — the in-process analogue of a worker holding
+    that version."""
 
-    def explore(self, jobs: list[ExploreJob]) -> list[np.ndarray]:
+    def __init__(self, model: DiffusionModel, recipe: Recipe, version: int = 0) -> None:
+        self.model, self.recipe, self.version = model, recipe, version
+        self.reward = work.recipe_reward(recipe)
+        self.shape = work.image_shape(recipe)
+
+    def _check(self, jobs) -> None:
+        for job in jobs:
+            if job.version != self.version:
+                raise ValueError(f"job for weights version {job.version}, but this process holds {self.version}")
+
+    def explore(self, batch: str, jobs: list[m.ExploreWork]) -> Future[list[np.ndarray]]:
+        self._check(jobs)
         s = self.recipe.sampler
-        out = []
-        for job in jobs:
-            x = sample(self.model, [job.prompt] * len(job.seeds), job.seeds, self.shape, s.steps, s.shift,
-                       noise_level=s.noise_level, effective_steps=job.effective_steps, sde_steps=s.sde_steps, noise_patch=s.noise_patch,
-                       init_seed=job.init_seed, sde_type=s.sde_type)
-            out.append(self.reward(to_uint8(x), [job.prompt] * len(job.seeds)))
-        return out
+        return done_future(lambda: [work.explore(self.model, j, s, self.reward, self.shape) for j in jobs])
 
-    def rollout(self, jobs: list[RolloutJob]) -> list[Group]:
-        groups = []
-        for job in jobs:
-            prompts = [job.prompt] * len(job.seeds)
-            st = sde_rollout(self.model, prompts, job.seeds, self.recipe.sampler, self.shape, init_seed=job.init_seed)
-            rewards = self.reward(to_uint8(st.latents[-1].clamp(-1, 1)), prompts)
-            groups.append(make_group(job, st.latents, st.log_probs, rewards))
-        return groups
+    def rollout(self, batch: str, jobs: list[m.RolloutWork]) -> Future[list[Group]]:
+        self._check(jobs)
+        s = self.recipe.sampler
+        return done_future(lambda: [work.rollout(self.model, j, s, self.reward, self.shape) for j in jobs])
 
-    def publish(self, version: int) -> None:
-        pass  # the local executor samples with the trainer's own model
-
-
-def make_group(job: RolloutJob, latents, log_probs, rewards) -> Group:
-    lat = torch.stack(list(latents), 1) if isinstance(latents, (list, tuple)) else latents
-    lps = torch.stack(list(log_probs), 1) if isinstance(log_probs, (list, tuple)) else log_probs
-    return Group(job.prompt, list(job.seeds), lat, lps, torch.as_tensor(np.asarray(rewards), dtype=torch.float32))
+    def publish(self, version: int, model) -> None:
+        self.version = version  # the trainer updated this very model in place
 
 
 class Loop:
-    """One run. `run()` returns the summary; `hooks` get every metrics record as it is written."""
+    """One run. `run()` returns the summary; `hooks` get every metrics record as it is written.
 
-    def __init__(self, recipe: Recipe, executor_factory: Callable | None = None, resume: bool = False,
+    ``executor``: an ``ExecutorFactory`` (default: ``LocalExecutor``); it gets the trainer's
+    model, the recipe and the weights version the run starts at, never the Loop itself."""
+
+    def __init__(self, recipe: Recipe, executor: ExecutorFactory | None = None, resume: bool = False,
                  hooks: list[Callable[[dict], None]] | None = None, progress: bool = True):
         self.recipe, self.hooks, self.progress = recipe, list(hooks or []), progress
         r = recipe.run
         torch.manual_seed(r.seed)
         self.prompts = prompt_set(r.prompts)
-        self.reward = load_reward(recipe.reward)
+        self.reward = work.recipe_reward(recipe)
         self.model = build_model(recipe.model, VOCABULARY)
         self.trainer = GRPOTrainer(self.model, recipe.grpo, recipe.sampler, seed=r.seed)
         self.out = Path(r.out_dir) / r.name
@@ -115,9 +118,9 @@ class Loop:
             self.metrics.truncate_after(self.start_iteration - 1)
         elif self.metrics.path.exists():
             self.metrics.path.unlink()  # a fresh run owns its folder's metrics
-        c = recipe.model
-        self.shape = (c.channels, c.image_size, c.image_size)
-        self.executor = (executor_factory or (lambda loop: LocalExecutor(loop.model, recipe, loop.reward)))(self)
+        self.shape = work.image_shape(recipe)
+        self.version = self.start_iteration  # weights version v_i = the weights iteration i starts from
+        self.executor = (executor or LocalExecutor)(self.model, recipe, self.version)
         self.evaluator = Evaluator(self.model, recipe, self.reward, self.out)
 
     # --- one iteration -----------------------------------------------------------------------
@@ -134,33 +137,50 @@ class Loop:
         return [candidate_seeds(self.recipe.run.seed, it, self.prompts.index(p), 1, stream=INIT_STREAM)[0]
                 for p in prompts]
 
-    def plan_seeds(self, it: int, prompts: list[str], inits: list[int | None]) -> tuple[list[list[int]], dict]:
+    def submit_explore(self, it: int, prompts: list[str], inits: list[int | None],
+                       version: int) -> tuple[list[list[int]], Future] | None:
+        """Iteration ``it``'s exploration at weights ``version``: the candidates and the handle of
+        their scores; None when exploration is off (random seeds)."""
         r, e = self.recipe.run, self.recipe.explore
-        idx = [self.prompts.index(p) for p in prompts]
         if not e.enabled:
-            return [candidate_seeds(r.seed, it, i, r.group_size) for i in idx], {}
-        cands = [candidate_seeds(r.seed, it, i, e.candidates) for i in idx]
-        scores = self.executor.explore([ExploreJob(p, c, e.effective_steps, init)
-                                        for p, c, init in zip(prompts, cands, inits)])
+            return None
+        cands = [candidate_seeds(r.seed, it, self.prompts.index(p), e.candidates) for p in prompts]
+        jobs = [m.ExploreWork(prompt=p, seeds=c, version=version, effective_steps=e.effective_steps, init_seed=i)
+                for p, c, i in zip(prompts, cands, inits)]
+        return cands, self.executor.explore(f"it{it}/explore", jobs)
+
+    def select_seeds(self, it: int, prompts: list[str], explored: tuple[list[list[int]], Future] | None
+                     ) -> tuple[list[list[int]], dict]:
+        """Each group's seeds: the contrast selection of the explored candidates, or random seeds."""
+        r = self.recipe.run
+        if explored is None:
+            return [candidate_seeds(r.seed, it, self.prompts.index(p), r.group_size) for p in prompts], {}
+        cands, handle = explored
+        scores = handle.result()
         chosen = [select_contrast(c, s, r.group_size) for c, s in zip(cands, scores)]
         spread = [float(np.std(np.asarray(s)[[c.index(x) for x in ch]])) for c, s, ch in zip(cands, scores, chosen)]
         return chosen, {"explore_spread": float(np.mean(spread)),
                         "explore_candidates_std": float(np.mean([np.std(s) for s in scores]))}
 
     def step(self, it: int) -> dict:
+        """One iteration in the serial schedule (explore, then rollout, then train, then publish),
+        written against handles so other schedules can overlap its parts."""
         t0 = time.monotonic()
         prompts = self.iteration_prompts(it)
         inits = self.init_seeds(it, prompts)
-        seeds, explore_stats = self.plan_seeds(it, prompts, inits)
+        seeds, explore_stats = self.select_seeds(it, prompts, self.submit_explore(it, prompts, inits, self.version))
         t1 = time.monotonic()
-        groups = self.executor.rollout([RolloutJob(p, s, init) for p, s, init in zip(prompts, seeds, inits)])
+        jobs = [m.RolloutWork(prompt=p, seeds=s, version=self.version, init_seed=i)
+                for p, s, i in zip(prompts, seeds, inits)]
+        groups = self.executor.rollout(f"it{it}/rollout", jobs).result()
         t2 = time.monotonic()
         train = self.trainer.update(groups)
-        self.executor.publish(it + 1)
+        self.version += 1
+        self.executor.publish(self.version, self.model)
         t3 = time.monotonic()
         rewards = torch.stack([g.rewards for g in groups])
-        return {"event": "iteration", "iteration": it, "reward_mean": float(rewards.mean()),
-                "group_spread": float(rewards.std(1, unbiased=False).mean()),
+        return {"event": "iteration", "iteration": it, "version": self.version - 1,
+                "reward_mean": float(rewards.mean()), "group_spread": float(rewards.std(1, unbiased=False).mean()),
                 "rewards": [[round(float(x), 6) for x in g.rewards] for g in groups],
                 "explore_s": t1 - t0, "rollout_s": t2 - t1, "train_s": t3 - t2, **explore_stats, **train}
 

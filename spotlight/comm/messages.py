@@ -75,13 +75,83 @@ class ErrorReply(Message):
 
 
 # --- request queue --------------------------------------------------------------------------------
+# --- work: what a request asks a worker to do, and what it gives back -------------------------------
+# The queue moves these as opaque values (it reads only ``KIND`` for priority); the worker and the
+# in-process executor run them through ``spotlight.work``. Every job names its weights version.
+@register("work.explore")
+@dataclass(kw_only=True, slots=True)
+class ExploreWork(Message):
+    """Score candidate seeds of one prompt (one batch, never split): sample with the policy SDE at
+    weights ``version``, ``effective_steps`` model evaluations (step caching; None = all), and
+    reward each sample. ``init_seed``: the group's shared x_1 (sampler.shared_init), else None."""
+
+    KIND: ClassVar[str] = "explore"
+    prompt: str
+    seeds: list[int]
+    version: int
+    effective_steps: int | None = None
+    init_seed: int | None = None
+
+
+@register("work.rollout")
+@dataclass(kw_only=True, slots=True)
+class RolloutWork(Message):
+    """Roll out one prompt's group (one batch) with the policy SDE at weights ``version``,
+    committing every step; the trajectory (latents, log-probs, rewards) goes to the store."""
+
+    KIND: ClassVar[str] = "rollout"
+    prompt: str
+    seeds: list[int]
+    version: int
+    init_seed: int | None = None
+
+
+@register("work.explored")
+@dataclass(kw_only=True, slots=True)
+class ExploreResult(Message):
+    """One reward per seed, in seed order; ``worker_s`` the time inside the worker, ``compute_s``
+    the part of it spent computing (the rest is the runtime's overhead)."""
+
+    rewards: list[float]
+    worker_s: float = 0.0
+    compute_s: float = 0.0
+
+
+@register("work.rolled_out")
+@dataclass(kw_only=True, slots=True)
+class RolloutResult(Message):
+    """The trajectory is in the tensor store under ``key`` (``nbytes`` bytes; the queue treats
+    both as opaque); ``rewards`` per seed; ``resumed_from`` the step this attempt started at."""
+
+    key: str
+    nbytes: int
+    rewards: list[float]
+    resumed_from: int = 0
+    worker_s: float = 0.0
+    compute_s: float = 0.0
+
+
+Work = ExploreWork | RolloutWork
+WorkResult = ExploreResult | RolloutResult
+
+
+@register("q.request")
+@dataclass(kw_only=True, slots=True)
+class WorkRequest(Message):
+    """One request: ``batch`` is the submitter's id for a set of requests it waits for together
+    (the driver owns it, e.g. "it12/rollout")."""
+
+    request_id: str
+    batch: str
+    work: Work
+
+
 @register("q.submit")
 @dataclass(kw_only=True, slots=True)
 class Submit(Message):
-    """Enqueue requests. Each dict: request_id (str), kind ("rollout"|"explore"), iteration (int),
-    payload (dict). Replied with Ok."""
+    """Enqueue requests (all or none). Replied with Ok."""
 
-    requests: list[dict[str, Any]]
+    requests: list[WorkRequest]
 
 
 @register("q.pull")
@@ -100,16 +170,19 @@ class Pull(Message):
 class LeaseGrant(Message):
     """A time-limited claim on one request. ``deadline`` is in the queue's clock; ``lease_s`` is
     the lease length, which is what a remote worker should schedule heartbeats by (no shared
-    clock). ``resume`` is None or {request_id, step, key}: the last commit to resume from."""
+    clock). ``resume_step``: the last step an earlier attempt reported committed (None: none)."""
 
     request_id: str
     attempt: int
     deadline: float
     lease_s: float
-    kind: RequestKind
-    iteration: int
-    payload: dict[str, Any]
-    resume: dict[str, Any] | None = None
+    batch: str
+    work: Work
+    resume_step: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.work.KIND
 
 
 @register("q.nowork")
@@ -159,7 +232,7 @@ class Complete(Message):
     request_id: str
     attempt: int
     worker_id: str
-    result: dict[str, Any]
+    result: WorkResult
 
 
 @register("q.fail")
@@ -173,25 +246,25 @@ class Fail(Message):
     error: str
 
 
-@register("q.wait_iter")
+@register("q.wait_batch")
 @dataclass(kw_only=True, slots=True)
-class WaitIteration(Message):
-    """Wait until every request of ``iteration`` is completed or dead-lettered. ``forget``: the
-    queue drops the iteration's records once it answers (the caller owns the results now; a
-    late message about one of its requests gets NotFound)."""
+class WaitBatch(Message):
+    """Wait until every request of ``batch`` is completed or dead-lettered. ``forget``: the
+    queue drops the batch's records once it answers (the caller owns the results now; a late
+    message about one of its requests gets NotFound)."""
 
-    iteration: int
+    batch: str
     timeout_s: float
     forget: bool
 
 
-@register("q.iter_done")
+@register("q.batch_done")
 @dataclass(kw_only=True, slots=True)
-class IterationDone(Message):
+class BatchDone(Message):
     """Results in submit order (None where dead-lettered); ``dead`` lists those request ids."""
 
-    iteration: int
-    results: list[dict[str, Any] | None]
+    batch: str
+    results: list[WorkResult | None]
     dead: list[str]
 
 
@@ -520,7 +593,7 @@ class WorkerResult(Message):
 
     request_id: str
     attempt: int
-    result: dict[str, Any]
+    result: WorkResult
 
 
 @register("w.status")

@@ -79,6 +79,18 @@ class Group:
     rewards: torch.Tensor  # [G]
 
 
+def add_lora(model, cfg: GRPOConfig):
+    """Attach the LoRA adapter `cfg` describes to the model's DiT (peft, through diffusers'
+    ``add_adapter``); its weights are the trainable part under ``finetune = "lora"``. The one
+    place the adapter is wired: the trainer, the workers and checkpoint loading all call it, so
+    their ``state_dict`` keys match."""
+    from peft import LoraConfig
+
+    model.dit.add_adapter(LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, init_lora_weights="gaussian",
+                                     target_modules=LORA_TARGETS))
+    return model
+
+
 def advantages(rewards: torch.Tensor, clip: float = 5.0, eps: float = 1e-4) -> torch.Tensor:
     """Group-normalised advantages of one group's rewards [G]; all-equal rewards give zeros."""
     r = rewards.double()
@@ -94,11 +106,8 @@ class GRPOTrainer:
         self.model, self.cfg, self.sampler, self.seed = model, cfg, sampler, seed
         model.text.requires_grad_(False)  # the text encoder is frozen during RL
         if cfg.finetune == "lora":
-            from peft import LoraConfig
-
             model.dit.requires_grad_(False)
-            model.dit.add_adapter(LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, init_lora_weights="gaussian",
-                                             target_modules=LORA_TARGETS))
+            add_lora(model, cfg)
             self.reference = None
         else:
             self.reference = copy.deepcopy(model).requires_grad_(False) if cfg.beta > 0 else None

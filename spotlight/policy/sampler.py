@@ -286,6 +286,20 @@ def sample(model, prompts: list[str], seeds: list[int], shape, steps: int = 20, 
     return x.clamp(-1, 1)
 
 
+def sample_policy(model, prompts: list[str], seeds: list[int], cfg: SamplerConfig, shape, *,
+                  effective_steps: int | None = None, init_seed: int | None = None) -> torch.Tensor:
+    """The rollout policy's final samples (the SDE `cfg` describes) without recording the trajectory:
+    what exploration scores and the SDE evaluation draws. Every sampler setting comes from `cfg`."""
+    return sample(model, prompts, seeds, shape, cfg.steps, cfg.shift, noise_level=cfg.noise_level,
+                  effective_steps=effective_steps, sde_steps=cfg.sde_steps, init_seed=init_seed,
+                  noise_patch=cfg.noise_patch, sde_type=cfg.sde_type)
+
+
+def sample_ode(model, prompts: list[str], seeds: list[int], cfg: SamplerConfig, shape) -> torch.Tensor:
+    """The deterministic sampler users deploy: `cfg.eval_steps` Euler steps of the flow ODE."""
+    return sample(model, prompts, seeds, shape, cfg.eval_steps, cfg.shift)
+
+
 def _cached_steps(steps: int, effective: int | None) -> set[int]:
     if effective is None or effective >= steps:
         return set(range(steps))

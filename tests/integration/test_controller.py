@@ -13,13 +13,14 @@ import zmq.asyncio
 
 from spotlight.actors.controller.core import ControllerCore, controller_handlers
 from spotlight.actors.store.client import TensorStoreClient
-from spotlight.actors.worker.core import WorkerCore, build_policy_model
+from spotlight.actors.worker.core import WorkerCore
 from spotlight.actors.worker.service import worker_handlers
 from spotlight.comm import messages as m
 from spotlight.comm.codec import decode
 from spotlight.comm.transport import RpcClient, RpcServer
 from spotlight.errors import Preempted, ProtocolError
 from spotlight.recipe import load_recipe
+from spotlight.work import policy_model as build_policy_model
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,8 +29,8 @@ TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_
 
 
 async def test_register_and_bad_frames(tmp_path):
-    recipe = load_recipe("tiny", TINY)
-    core = ControllerCore(recipe, "tcp://q:1", "tcp://s:2", lease_s=7.0)
+    recipe = load_recipe("tiny", [*TINY, "runtime.lease_s=7", "runtime.heartbeat_s=2"])
+    core = ControllerCore(recipe, "tcp://q:1", "tcp://s:2")
     async with RpcServer(controller_handlers(core), bind=f"ipc://{tmp_path}/c.sock") as server:
         raw = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         raw.connect(server.endpoint)
@@ -65,17 +66,18 @@ async def test_worker_api_over_ipc(tmp_path):
             async with RpcServer(worker_handlers(core), bind=f"ipc://{tmp_path}/w.sock") as server, \
                     RpcClient(server.endpoint, timeout=30) as client:
                 def lease(rid: str, kind: str) -> m.LeaseGrant:
-                    return m.LeaseGrant(request_id=rid, attempt=1, deadline=0.0, lease_s=30.0, kind=kind, iteration=0,
-                                        payload={"prompt": "a red circle", "seeds": [1, 2, 3, 4], "version": 3})
+                    job = (m.RolloutWork if kind == "rollout" else m.ExploreWork)(
+                        prompt="a red circle", seeds=[1, 2, 3, 4], version=3)
+                    return m.LeaseGrant(request_id=rid, attempt=1, deadline=0.0, lease_s=30.0, batch="b", work=job)
                 idle = await client.call(m.WorkerStatus())
                 assert idle.request_id is None and idle.version is None
                 done = await client.call(m.WorkerRun(lease=lease("r", "rollout")))
-                assert done.result["key"] == "traj/r" and len(done.result["rewards"]) == 4
+                assert done.result.key == "traj/r" and len(done.result.rewards) == 4
                 traj, meta = await store.get("traj/r")
                 assert traj["latents"].shape == (4, 4, 3, 16, 16) and traj["log_probs"].shape == (3, 4)
                 assert meta["version"] == 3 and await store.get_commit("r") is None  # commit dropped
                 explored = await client.call(m.WorkerRun(lease=lease("e", "explore")))
-                assert np.allclose(explored.result["rewards"], done.result["rewards"])  # same seeds, same SDE
+                assert np.allclose(explored.result.rewards, done.result.rewards)  # same seeds, same SDE
                 stopped = await client.call(m.WorkerStop())
                 assert stopped.request_id is None and stopped.version == 3
                 with pytest.raises(Preempted):  # a stopping worker takes no new work

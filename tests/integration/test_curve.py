@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
+from spotlight.actors.config import ServeConfig
 from spotlight.actors.controller.core import ControllerCore, controller_handlers
 from spotlight.actors.procs import alive
 from spotlight.actors.runtime import LocalRuntime
-from spotlight.actors.worker.core import build_policy_model
 from spotlight.comm import messages as m
 from spotlight.comm.auth import (
     cluster_client_keys,
@@ -31,6 +31,7 @@ from spotlight.comm.auth import (
 from spotlight.comm.transport import RpcClient, RpcServer
 from spotlight.errors import ActorTimeout, NotFound
 from spotlight.recipe import load_recipe
+from spotlight.work import policy_model as build_policy_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -59,7 +60,8 @@ async def services(keys: dict[str, Path], spawn) -> AsyncIterator[dict[str, str]
                               ready="ready ")
     store, s_ep = await spawn("spotlight.actors.store", "--bind", "tcp://127.0.0.1:0", "--keys", reserved,
                               ready="tensor store ready on ")
-    core = ControllerCore(load_recipe("tiny", TINY), q_ep, s_ep, lease_s=5.0)
+    recipe = load_recipe("tiny", [*TINY, "runtime.lease_s=5", "runtime.heartbeat_s=1"])
+    core = ControllerCore(recipe, q_ep, s_ep)
     async with RpcServer(controller_handlers(core), bind="tcp://127.0.0.1:0",
                          curve=cluster_server_keys(reserved)) as controller:
         yield {"queue": q_ep, "store": s_ep, "controller": controller.endpoint}
@@ -104,8 +106,9 @@ def test_spot_agent_with_its_own_keys_runs_a_rollout_over_tcp(keys, tmp_path: Pa
     torch.manual_seed(0)
     weights = {k: v.numpy() for k, v in build_policy_model(recipe).state_dict().items()}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with LocalRuntime(recipe, transport="tcp", curve_keys=str(keys["reserved"]), reserved_workers=0,
-                      spot_workers=0) as rt:
+    recipe = load_recipe(recipe.to_dict(), ['runtime.transport="tcp"', "runtime.reserved_workers=0",
+                                            "runtime.spot_workers=0"])
+    with LocalRuntime(recipe, serve=ServeConfig(host="127.0.0.1", port=0, keys=str(keys["reserved"]))) as rt:
         rt.call(rt.store.publish_weights(0, weights))
         agent = subprocess.Popen([sys.executable, "-m", "spotlight.actors.node", "--controller", rt.endpoint,
                                   "--keys", str(keys["good"]), "--node-id", "spot-1"],
@@ -114,11 +117,11 @@ def test_spot_agent_with_its_own_keys_runs_a_rollout_over_tcp(keys, tmp_path: Pa
             assert agent.stdout is not None
             line = agent.stdout.readline().decode()  # bounded by the module timeout
             assert line.startswith("agent ready spot-1"), (line, agent.stderr.read().decode()[-2000:])
-            rt.call(rt.queue.submit([{"request_id": "r0", "kind": "rollout", "iteration": 0,
-                                      "payload": {"prompt": "a red circle", "seeds": [1, 2, 3, 4], "version": 0}}]))
-            done = rt.call(rt.queue.wait_iteration(0, 60), timeout=90)
+            job = m.RolloutWork(prompt="a red circle", seeds=[1, 2, 3, 4], version=0)
+            rt.call(rt.queue.submit([m.WorkRequest(request_id="r0", batch="b0", work=job)]))
+            done = rt.call(rt.queue.wait_batch("b0", 60), timeout=90)
             (result,) = done.results
-            traj, meta = rt.call(rt.store.get(result["key"]))
+            traj, meta = rt.call(rt.store.get(result.key))
             assert meta["worker"] == "spot-1/w0" and traj["latents"].shape == (4, 4, 3, 16, 16)
             assert np.isfinite(traj["rewards"]).all()
             assert "spot-1" in rt.controller.core.nodes

@@ -1,11 +1,9 @@
 """The loop through the actor runtime (1 reserved + 2 spot workers, real processes over ipc) gives
 the same run as the in-process reference: same per-iteration rewards and, stronger, bit-identical
-trained weights (the GRPO update consumes every latent, log-prob and reward bit). Also: leaving
-the runtime leaves no process behind."""
+trained weights (the GRPO update consumes every latent, log-prob and reward bit), under full and
+LoRA fine-tuning. Also: leaving the runtime leaves no process behind."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
@@ -18,12 +16,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16", "model.image_size=16",
         "model.patch=4", "sampler.steps=3", "sampler.eval_steps=2", "run.group_size=4", "explore.candidates=4",
         "run.iterations=2", "run.prompts_per_iteration=2", "run.eval_every=100", "run.eval_seeds=1",
-        "run.eval_samples=2", "run.reserved_workers=1", "run.spot_workers=2"]
+        "run.eval_samples=2", "runtime.reserved_workers=1", "runtime.spot_workers=2"]
 
 
 def run(tmp_path, mode: str, explore: bool, sampler: list[str]) -> tuple[Experiment, list[int]]:
     torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"
     recipe = load_recipe("tiny", [*TINY, *sampler, f'run.mode="{mode}"', f"explore.enabled={str(explore).lower()}",
                                   f'run.out_dir="{tmp_path}"', f'run.name="{mode}"'])
     exp = Experiment(recipe)
@@ -38,8 +35,12 @@ def run(tmp_path, mode: str, explore: bool, sampler: list[str]) -> tuple[Experim
     (False, []),
     # Every sampler option the workers must honour: shared x_1, an SDE window, block noise.
     (True, ["sampler.shared_init=true", "sampler.sde_steps=2", "sampler.noise_patch=2"]),
-], ids=["explore", "random-seeds", "explore-shared-init-sde-window-block-noise"])
-def test_runtime_matches_in_process_loop(tmp_path, explore, sampler):
+    # LoRA (the workers build the adapter the trainer trains), the coefficients-preserving SDE and
+    # cached exploration steps.
+    (True, ['grpo.finetune="lora"', 'sampler.sde_type="cps"', "sampler.noise_patch=2", "explore.effective_steps=2"]),
+], ids=["explore", "random-seeds", "explore-shared-init-sde-window-block-noise", "explore-lora-cps-cached"])
+def test_runtime_matches_in_process_loop(tmp_path, monkeypatch, explore, sampler):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the workers' threads, as the in-process loop's
     ref, _ = run(tmp_path, "in-process", explore, sampler)
     got, pids = run(tmp_path, "runtime", explore, sampler)
 

@@ -10,6 +10,7 @@ import pytest
 from spotlight.actors.queue.client import QueueClient
 from spotlight.actors.queue.core import QueueConfig, RequestQueueCore
 from spotlight.actors.queue.service import QueueService
+from spotlight.comm import messages as m
 from spotlight.errors import ActorTimeout, NotFound, ProtocolError, StaleAttempt
 
 pytestmark = pytest.mark.timeout(10)
@@ -23,8 +24,14 @@ class FakeClock:
         return self.now
 
 
-def req(rid: str, kind: str = "rollout", iteration: int = 0, **payload) -> dict:
-    return {"request_id": rid, "kind": kind, "iteration": iteration, "payload": payload}
+def req(rid: str, kind: str = "rollout", batch: str = "b0", seed: int = 1) -> m.WorkRequest:
+    work = (m.RolloutWork if kind == "rollout" else m.ExploreWork)(prompt="p", seeds=[seed], version=0)
+    return m.WorkRequest(request_id=rid, batch=batch, work=work)
+
+
+def res(reward: float) -> m.RolloutResult:
+    """A rollout's result (the queue keeps it opaque)."""
+    return m.RolloutResult(key=f"traj/{reward}", nbytes=8, rewards=[reward])
 
 
 @pytest.fixture
@@ -57,8 +64,10 @@ def test_submit_is_validated_and_atomic(core: RequestQueueCore) -> None:
     core.submit([req("a")])
     with pytest.raises(ProtocolError, match="'a'"):
         core.submit([req("b"), req("a")])
-    with pytest.raises(ProtocolError, match="bad kind"):
-        core.submit([req("c", "train")])
+    with pytest.raises(ProtocolError, match="WorkRequest"):
+        core.submit([req("c"), {"request_id": "d", "kind": "train"}])
+    with pytest.raises(ProtocolError, match="batch"):
+        core.submit([m.WorkRequest(request_id="e", batch="", work=req("x").work)])
     assert core.stats()["submitted"] == 1 and core.pull("w").request_id == "a"
     assert core.pull("w") is None  # "b" was not half-submitted
 
@@ -66,14 +75,14 @@ def test_submit_is_validated_and_atomic(core: RequestQueueCore) -> None:
 def test_lease_expiry_requeues_with_resume_ref(core: RequestQueueCore, clock: FakeClock) -> None:
     core.submit([req("r1", seed=7)])
     lease = core.pull("w1")
-    assert (lease.attempt, lease.deadline, lease.resume) == (1, 1010.0, None)
+    assert (lease.attempt, lease.deadline, lease.resume_step) == (1, 1010.0, None)
     core.heartbeat("r1", 1, "w1", committed_step=4)
     assert core.next_deadline() == 1010.0
     clock.now = 1010.0
     assert core.expire_leases() == ["r1"]
     again = core.pull("w2")
-    assert again.attempt == 2 and again.payload == {"seed": 7}
-    assert again.resume == {"request_id": "r1", "step": 4, "key": "commit/r1"}
+    assert again.attempt == 2 and again.work == m.RolloutWork(prompt="p", seeds=[7], version=0)
+    assert again.resume_step == 4 and again.batch == "b0" and again.kind == "rollout"
     assert core.stats()["expired"] == 1
 
 
@@ -97,7 +106,7 @@ def test_release_requeues_at_once_without_counting(core: RequestQueueCore) -> No
         assert lease.attempt == attempt
         core.heartbeat("r1", attempt, f"w{attempt}", committed_step=attempt)
         core.release("r1", attempt, f"w{attempt}")
-    assert core.pull("w9").resume["step"] == 5
+    assert core.pull("w9").resume_step == 5
     assert core.dead_letters == [] and core.stats()["released"] == 5
 
 
@@ -110,20 +119,22 @@ def test_fencing_drops_late_result(core: RequestQueueCore, clock: FakeClock) -> 
     with pytest.raises(StaleAttempt):
         core.heartbeat("r1", 1, "slow")
     with pytest.raises(StaleAttempt):
-        core.complete("r1", 1, "slow", {"reward": 0.0})
-    assert core.complete("r1", 2, "fast", {"reward": 1.0}) is True
-    assert core.complete("r1", 2, "fast", {"reward": 1.0}) is False  # resend: exactly once
+        core.complete("r1", 1, "slow", res(0.0))
+    with pytest.raises(ProtocolError, match="returns RolloutResult"):
+        core.complete("r1", 2, "fast", m.ExploreResult(rewards=[1.0]))  # not what a rollout returns
+    assert core.complete("r1", 2, "fast", res(1.0)) is True
+    assert core.complete("r1", 2, "fast", res(1.0)) is False  # resend: exactly once
     with pytest.raises(StaleAttempt):
-        core.complete("r1", 1, "slow", {"reward": 0.0})
+        core.complete("r1", 1, "slow", res(0.0))
     stats = core.stats()
     assert stats["late_results_dropped"] == 2 and stats["completed"] == 1
     assert stats["duplicate_completions"] == 1
     with pytest.raises(NotFound):
-        core.complete("nope", 1, "fast", {})
+        core.complete("nope", 1, "fast", res(0.0))
 
 
 def test_dead_letter_after_capped_retries(core: RequestQueueCore, clock: FakeClock) -> None:
-    core.submit([req("r1", iteration=3), req("r2", iteration=3)])
+    core.submit([req("r1", batch="it3"), req("r2", batch="it3")])
     assert core.pull("w").request_id == "r1"  # attempt 1
     clock.now += 10
     core.expire_leases()  # failure 1; r1 keeps its place ahead of r2
@@ -139,32 +150,32 @@ def test_dead_letter_after_capped_retries(core: RequestQueueCore, clock: FakeClo
     assert last.request_id == "r2" and core.pull("w") is None
 
 
-async def test_wait_iteration_returns_results_in_request_order(core: RequestQueueCore) -> None:
-    core.submit([req(f"r{i}", iteration=1) for i in range(3)] + [req("x", iteration=2)])
-    waiter = asyncio.ensure_future(core.wait_iteration(1, timeout_s=5))
+async def test_wait_batch_returns_results_in_request_order(core: RequestQueueCore) -> None:
+    core.submit([req(f"r{i}", batch="one") for i in range(3)] + [req("x", batch="two")])
+    waiter = asyncio.ensure_future(core.wait_batch("one", timeout_s=5))
     leases = [core.pull("w") for _ in range(3)]
     for lease in reversed(leases):  # finish out of order
         await asyncio.sleep(0)
         assert not waiter.done()
-        core.complete(lease.request_id, lease.attempt, "w", {"i": lease.request_id})
+        core.complete(lease.request_id, lease.attempt, "w", res(float(lease.request_id[1])))
     done = await waiter
-    assert done.results == [{"i": "r0"}, {"i": "r1"}, {"i": "r2"}] and done.dead == []
-    with pytest.raises(ActorTimeout, match="iteration 2"):
-        await core.wait_iteration(2, timeout_s=0.05)
-    core.forget_iteration(1)
+    assert done.results == [res(0.0), res(1.0), res(2.0)] and done.dead == []
+    with pytest.raises(ActorTimeout, match="batch two"):
+        await core.wait_batch("two", timeout_s=0.05)
+    core.forget_batch("one")
     assert core.stats()["now_done"] == 0
 
 
 def test_forgotten_requests_leave_no_live_deadline(core: RequestQueueCore, clock: FakeClock) -> None:
     """Lease-heap entries outlive the requests they name; once an iteration is forgotten, its
     stale entries must be skipped when their old deadline passes (they once crashed the queue)."""
-    core.submit([req("a", iteration=1), req("b", iteration=1), req("c", iteration=2)])
+    core.submit([req("a", batch="one"), req("b", batch="one"), req("c", batch="two")])
     a, b, c = core.pull("w1"), core.pull("w2"), core.pull("w3")
     clock.now += 1.0
     core.heartbeat("a", a.attempt, "w1")  # a renewed lease: two heap entries for "a"
-    core.complete("a", a.attempt, "w1", {"ok": True})
-    core.complete("b", b.attempt, "w2", {"ok": True})
-    core.forget_iteration(1)
+    core.complete("a", a.attempt, "w1", res(1.0))
+    core.complete("b", b.attempt, "w2", res(1.0))
+    core.forget_batch("one")
     assert core.next_deadline() == c.deadline  # only the live lease of the unforgotten iteration
     clock.now += 100.0  # past every deadline in the heap, the forgotten ones included
     assert core.expire_leases() == ["c"]
@@ -192,11 +203,11 @@ async def test_local_client_and_expiry_timer() -> None:
         await client.heartbeat(lease.request_id, lease.attempt, "w1", committed_step=2)
         # The timer (armed on the nearest deadline, no polling) re-queues it; the long poll sees it.
         again = await client.pull("w2", max_wait_s=2)
-        assert again.attempt == 2 and again.resume["step"] == 2
-        await client.complete("r1", 2, "w2", {"ok": True})
+        assert again.attempt == 2 and again.resume_step == 2
+        await client.complete("r1", 2, "w2", res(1.0))
         with pytest.raises(StaleAttempt):
-            await client.complete("r1", 1, "w1", {"ok": False})
-        done = await client.wait_iteration(0, timeout_s=1)
-        assert done.results == [{"ok": True}]
+            await client.complete("r1", 1, "w1", res(0.0))
+        done = await client.wait_batch("b0", timeout_s=1)
+        assert done.results == [res(1.0)]
         stats = await client.stats()
         assert stats.stats["expired"] == 1 and stats.stats["late_results_dropped"] == 1

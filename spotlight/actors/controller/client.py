@@ -1,5 +1,18 @@
-"""``RuntimeExecutor``: the trainer's executor over the runtime (requests through the queue,
-trajectories and weights through the tensor store)."""
+"""``RuntimeExecutor``: the trainer's executor over the runtime — jobs go as requests through the
+queue, trajectories and weights through the tensor store.
+
+A batch of jobs (``spotlight.comm.messages.ExploreWork`` / ``RolloutWork``, each naming its weights
+version) becomes one request per job under the driver's batch id — a job is never split, so samples
+are bit-identical to the in-process reference — and the call returns at once with a handle (a
+``concurrent.futures.Future``). Behind the handle, on the controller's loop: wait for the batch,
+read the trajectories from the store, build the ``Group``s in job order with ``spotlight.work.group``
+(the same assembly the in-process executor uses), and free the trajectories in the background.
+Several batches may be in flight at once (exploration beside rollout and training). ``publish``
+puts the trainer's ``state_dict`` into the store as an immutable weights version.
+
+This module knows requests, versions and groups; the queue's rules, the store's and the workers'
+math live in their own modules. It never imports the loop: the driver hands it what it needs.
+"""
 
 from __future__ import annotations
 
@@ -7,101 +20,86 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import numpy as np
-import torch
 
+from spotlight import work
 from spotlight.actors.controller.service import BackgroundLoop
 from spotlight.actors.queue.client import QueueClient
 from spotlight.actors.store.client import TensorStoreClient
 from spotlight.comm import messages as m
 from spotlight.errors import RemoteError
-from spotlight.loop import ExploreJob, RolloutJob
 from spotlight.policy.grpo import Group
-from spotlight.recipe import Recipe
 
 log = logging.getLogger(__name__)
 
 
 class RuntimeExecutor:
-    """The Loop's Executor over the actor runtime; ``version`` is the weights version requests
-    name (published here at construction: the trainer's current weights)."""
+    """The driver's Executor over the actor runtime (see the module docstring). ``wait_s`` bounds
+    how long one batch may take; ``rpc_s`` one store or queue call."""
 
-    def __init__(self, model, recipe: Recipe, loop: BackgroundLoop, queue: QueueClient, store: TensorStoreClient,
-                 version: int = 0, wait_s: float = 3600.0) -> None:
-        self.model, self.recipe, self.bg, self.queue, self.store = model, recipe, loop, queue, store
-        self.wait_s = wait_s
-        self._batch = 0
-        self.version = -1
+    def __init__(self, loop: BackgroundLoop, queue: QueueClient, store: TensorStoreClient, *,
+                 wait_s: float, rpc_s: float) -> None:
+        self.bg, self.queue, self.store = loop, queue, store
+        self.wait_s, self.rpc_s = wait_s, rpc_s
         self.timings: list[dict[str, Any]] = []
         """Per batch: kind, wall_s (submit to results read), worker_s (summed time inside workers),
         compute_s (summed time the workers spent computing); per publish: kind "publish", wall_s."""
-        self._cleanup: concurrent.futures.Future | None = None  # deletes of the last trajectories
-        self.publish(version)
+        self._deletes: set[asyncio.Future] = set()  # deletes of trajectories read (loop-side)
 
-    def _finish_cleanup(self) -> None:
-        if self._cleanup is not None:
-            cleanup, self._cleanup = self._cleanup, None
-            cleanup.result(60.0)
+    def _submit(self, batch: str, jobs: list[m.Work], read: Callable[[list[m.WorkResult]], Coroutine]
+                ) -> concurrent.futures.Future:
+        requests = [m.WorkRequest(request_id=f"{batch}/{i}", batch=batch, work=job) for i, job in enumerate(jobs)]
+        kind = jobs[0].KIND if jobs else "empty"
 
-    def _run(self, coro: Coroutine, extra_s: float = 0.0) -> Any:
-        return self.bg.call(coro, timeout=60.0 + extra_s)
-
-    def _submit_and_wait(self, kind: str, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        self._finish_cleanup()
-        batch, self._batch = self._batch, self._batch + 1
-        requests = [{"request_id": f"{kind}/{batch}/{i}", "kind": kind, "iteration": batch, "payload": p}
-                    for i, p in enumerate(payloads)]
-
-        async def go() -> m.IterationDone:
+        async def go() -> Any:
+            t0 = time.perf_counter()
             await self.queue.submit(requests)
-            return await self.queue.wait_iteration(batch, self.wait_s, forget=True)  # bounded queue memory
+            done = await self.queue.wait_batch(batch, self.wait_s, forget=True)  # bounded queue memory
+            if done.dead:
+                raise RemoteError(f"{kind} batch {batch}: requests {done.dead} were dead-lettered (see queue stats)")
+            value = await read(done.results)
+            self.timings.append({"kind": kind, "batch": batch, "requests": len(requests),
+                                 "wall_s": time.perf_counter() - t0,
+                                 "worker_s": sum(r.worker_s for r in done.results),
+                                 "compute_s": sum(r.compute_s for r in done.results)})
+            return value
 
+        return self.bg.submit(go())
+
+    def explore(self, batch: str, jobs: list[m.ExploreWork]) -> concurrent.futures.Future:
+        """Handle of each job's rewards [M] (np.float32), in job order."""
+        async def read(results: list[m.ExploreResult]) -> list[np.ndarray]:
+            return [np.asarray(r.rewards, dtype=np.float32) for r in results]
+
+        return self._submit(batch, jobs, read)
+
+    def rollout(self, batch: str, jobs: list[m.RolloutWork]) -> concurrent.futures.Future:
+        """Handle of each job's ``Group``, in job order."""
+        async def read(results: list[m.RolloutResult]) -> list[Group]:
+            keys = [r.key for r in results]
+            trajs = [t for t, _ in await asyncio.gather(*(self.store.get(k) for k in keys))]
+            groups = [work.group(job, t["latents"], t["log_probs"], t["rewards"]) for job, t in zip(jobs, trajs, strict=True)]
+            self._free(keys)
+            return groups
+
+        return self._submit(batch, jobs, read)
+
+    def _free(self, keys: list[str]) -> None:
+        """Delete read trajectories off the driver's path (runs on the loop; awaited, and its
+        errors raised, at the next ``publish``)."""
+        self._deletes.add(asyncio.ensure_future(asyncio.gather(*(self.store.delete(k) for k in keys))))
+
+    async def _publish(self, version: int, tensors: dict[str, np.ndarray]) -> None:
+        deletes, self._deletes = self._deletes, set()
+        await asyncio.gather(*deletes)
+        await self.store.publish_weights(version, tensors)
+
+    def publish(self, version: int, model) -> None:
+        """Put ``model``'s weights into the store as ``version`` (and settle earlier deletes)."""
         t0 = time.perf_counter()
-        done = self._run(go(), self.wait_s)
-        if done.dead:
-            raise RemoteError(f"{kind} batch {batch}: requests {done.dead} were dead-lettered (see queue stats)")
-        self.timings.append({"kind": kind, "requests": len(requests), "t0": t0, "wall_s": time.perf_counter() - t0,
-                             "worker_s": sum(r.get("worker_s", 0.0) for r in done.results),
-                             "compute_s": sum(r.get("compute_s", 0.0) for r in done.results)})
-        return done.results
-
-    def explore(self, jobs: list[ExploreJob]) -> list[np.ndarray]:
-        results = self._submit_and_wait("explore", [
-            {"prompt": j.prompt, "seeds": list(j.seeds), "version": self.version,
-             "effective_steps": j.effective_steps, "init_seed": j.init_seed} for j in jobs])
-        return [np.asarray(r["rewards"], dtype=np.float32) for r in results]
-
-    def rollout(self, jobs: list[RolloutJob]) -> list[Group]:
-        results = self._submit_and_wait("rollout", [
-            {"prompt": j.prompt, "seeds": list(j.seeds), "version": self.version, "init_seed": j.init_seed}
-            for j in jobs])
-
-        keys = [r["key"] for r in results]
-
-        async def fetch() -> list[dict[str, np.ndarray]]:
-            return [t for t, _ in await asyncio.gather(*(self.store.get(k) for k in keys))]
-
-        async def free() -> None:
-            await asyncio.gather(*(self.store.delete(k) for k in keys))
-
-        trajs = self._run(fetch())
-        # Freeing them is nobody's wait: it runs while the trainer trains, and is awaited
-        # (errors raised) before the next batch.
-        self._cleanup = asyncio.run_coroutine_threadsafe(free(), self.bg.loop)
-        self.timings[-1]["wall_s"] = time.perf_counter() - self.timings[-1]["t0"]  # reading them is overhead too
-        groups = []
-        for job, traj in zip(jobs, trajs, strict=True):
-            # Stored step-major (as committed); the trainer wants [G, steps, ...]: writable copies.
-            lat, lps = (torch.from_numpy(np.ascontiguousarray(traj[k].swapaxes(0, 1))) for k in ("latents", "log_probs"))
-            groups.append(Group(job.prompt, list(job.seeds), lat, lps, torch.from_numpy(np.array(traj["rewards"]))))
-        return groups
-
-    def publish(self, version: int) -> None:
-        t0 = time.perf_counter()
-        tensors = {k: v.detach().cpu().contiguous().numpy() for k, v in self.model.state_dict().items()}
-        self._run(self.store.publish_weights(version, tensors))
-        self.version = version
-        self.timings.append({"kind": "publish", "t0": t0, "wall_s": time.perf_counter() - t0})
+        tensors = {k: v.detach().cpu().contiguous().numpy() for k, v in model.state_dict().items()}
+        self.bg.call(self._publish(version, tensors), timeout=self.rpc_s)
+        self.timings.append({"kind": "publish", "version": version, "wall_s": time.perf_counter() - t0})

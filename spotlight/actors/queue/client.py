@@ -40,7 +40,7 @@ class QueueClient:
     async def _rpc(self, msg: m.Message, wait_s: float = 0.0) -> Any:
         return await self._call(msg, self.timeout + wait_s)  # waiting calls get their wait on top
 
-    async def submit(self, requests: list[dict[str, Any]]) -> None:
+    async def submit(self, requests: list[m.WorkRequest]) -> None:
         await self._rpc(m.Submit(requests=requests))
 
     async def pull(self, worker_id: str, kinds: tuple[str, ...] | list[str] = KINDS,
@@ -63,7 +63,7 @@ class QueueClient:
     async def release(self, request_id: str, attempt: int, worker_id: str) -> None:
         await self._rpc(m.Release(request_id=request_id, attempt=attempt, worker_id=worker_id))
 
-    async def complete(self, request_id: str, attempt: int, worker_id: str, result: dict) -> None:
+    async def complete(self, request_id: str, attempt: int, worker_id: str, result: m.WorkResult) -> None:
         await self._rpc(m.Complete(request_id=request_id, attempt=attempt, worker_id=worker_id,
                                    result=result))
 
@@ -74,9 +74,9 @@ class QueueClient:
         await self._rpc(m.Fail(request_id=request_id, attempt=attempt, worker_id=worker_id,
                                error=error))
 
-    async def wait_iteration(self, iteration: int, timeout_s: float, *, forget: bool = False) -> m.IterationDone:
-        """Results of ``iteration`` once all are done; ``forget`` frees its records in the queue."""
-        return await self._rpc(m.WaitIteration(iteration=iteration, timeout_s=timeout_s, forget=forget), timeout_s)
+    async def wait_batch(self, batch: str, timeout_s: float, *, forget: bool = False) -> m.BatchDone:
+        """Results of ``batch`` once all are done; ``forget`` frees its records in the queue."""
+        return await self._rpc(m.WaitBatch(batch=batch, timeout_s=timeout_s, forget=forget), timeout_s)
 
     async def stats(self) -> m.QueueStatsReply:
         return await self._rpc(m.QueueStats())

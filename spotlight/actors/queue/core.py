@@ -10,11 +10,13 @@ Protocol (DESIGN.md §5): a pull returns a lease (request id, attempt, deadline)
 outrank exploration ones, then FIFO by submission (a re-queued request keeps its place). Heartbeats
 extend the lease and record the last committed step. A release (spot notice) re-queues at once and
 is not counted toward the retry cap; an expired lease or a ``fail`` is counted, and after
-``max_attempts`` counted failures the request is dead-lettered. A re-queued request carries a
-resume reference {request_id, step, key} to its last commit, which lives in the tensor store at
-``commit/<request_id>``. Results are accepted only from the current attempt (fencing), exactly once.
+``max_attempts`` counted failures the request is dead-lettered. A re-queued request carries the
+last step its worker reported committed (``resume_step``); where that commit lives is the
+worker's and the store's business. Results are accepted only from the current attempt (fencing),
+exactly once. Requests are grouped in batches named by the submitter (``wait_batch``).
 
-This module knows leases and iterations; it knows nothing of tensors, models or the store.
+This module knows leases and batches; requests' work and results are opaque typed messages to it
+(it reads only the work's ``KIND`` for priority). It knows nothing of tensors, models or the store.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from spotlight.comm import messages as m
 from spotlight.errors import ActorTimeout, NotFound, ProtocolError, StaleAttempt
 
 KINDS = ("rollout", "explore")  # priority order: rollout first
-_REQUEST_KEYS = frozenset({"request_id", "kind", "iteration", "payload"})
+_RESULT = {"rollout": m.RolloutResult, "explore": m.ExploreResult}  # what each kind of work returns
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,9 +53,8 @@ class QueueConfig:
 @dataclass(slots=True)
 class _Request:
     request_id: str
-    kind: str
-    iteration: int
-    payload: dict
+    batch: str
+    work: m.Work
     seq: int  # submission order; kept on re-queue so a retried request keeps its place
     state: str = "queued"  # queued | leased | done | dead
     attempt: int = 0  # number of the current (or last) lease; 0 before the first
@@ -61,7 +62,11 @@ class _Request:
     deadline: float = 0.0
     failures: int = 0
     committed_step: int | None = None
-    result: dict | None = None
+    result: m.WorkResult | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.work.KIND
 
 
 class RequestQueueCore:
@@ -74,9 +79,9 @@ class RequestQueueCore:
         self._ready: dict[str, list[tuple[int, str]]] = {k: [] for k in KINDS}  # heaps by seq
         self._leases: list[tuple[float, str, int]] = []  # heap; stale entries skipped lazily
         self._seq = itertools.count()
-        self._iterations: dict[int, list[str]] = {}
-        self._open: dict[int, int] = {}
-        self._iter_done: dict[int, asyncio.Event] = {}
+        self._batches: dict[str, list[str]] = {}
+        self._open: dict[str, int] = {}
+        self._batch_done: dict[str, asyncio.Event] = {}
         self._work = asyncio.Event()  # set (and replaced) when work is queued and pulls wait
         self._pullers_waiting = 0
         self.on_deadline: Callable[[float], None] | None = None  # the expiry timer's hook
@@ -86,26 +91,26 @@ class RequestQueueCore:
              "heartbeats", "late_results_dropped", "stale_rejected", "duplicate_completions"], 0)
 
     # --- producers --------------------------------------------------------------------------
-    def submit(self, requests: list[dict[str, Any]]) -> None:
+    def submit(self, requests: list[m.WorkRequest]) -> None:
         """Enqueue requests (all or none: every one is validated first)."""
         seen: set[str] = set()
         for r in requests:
-            if not isinstance(r, dict) or r.keys() != _REQUEST_KEYS:
-                raise ProtocolError(f"a request needs exactly {sorted(_REQUEST_KEYS)}, got {r!r:.200}")
-            rid = r["request_id"]
+            if not isinstance(r, m.WorkRequest) or not isinstance(r.work, (m.ExploreWork, m.RolloutWork)):
+                raise ProtocolError(f"a request must be a WorkRequest with Explore/RolloutWork, got {r!r:.200}")
+            rid = r.request_id
             if not isinstance(rid, str) or rid in self._requests or rid in seen:
                 raise ProtocolError(f"request_id {rid!r} is not a new str")
-            if r["kind"] not in KINDS or type(r["iteration"]) is not int or type(r["payload"]) is not dict:
-                raise ProtocolError(f"request {rid}: bad kind, iteration or payload")
+            if not isinstance(r.batch, str) or not r.batch:
+                raise ProtocolError(f"request {rid}: batch must be a non-empty str, got {r.batch!r}")
             seen.add(rid)
         for r in requests:
-            rec = _Request(r["request_id"], r["kind"], r["iteration"], r["payload"], next(self._seq))
+            rec = _Request(r.request_id, r.batch, r.work, next(self._seq))
             self._requests[rec.request_id] = rec
-            self._iterations.setdefault(rec.iteration, []).append(rec.request_id)
-            self._open[rec.iteration] = self._open.get(rec.iteration, 0) + 1
-            event = self._iter_done.get(rec.iteration)
+            self._batches.setdefault(rec.batch, []).append(rec.request_id)
+            self._open[rec.batch] = self._open.get(rec.batch, 0) + 1
+            event = self._batch_done.get(rec.batch)
             if event is not None and event.is_set():
-                self._iter_done[rec.iteration] = asyncio.Event()  # re-opened
+                self._batch_done[rec.batch] = asyncio.Event()  # re-opened
             self._enqueue(rec)
         self.counters["submitted"] += len(requests)
 
@@ -127,8 +132,7 @@ class RequestQueueCore:
                 self._track_deadline(rec)
                 grants.append(m.LeaseGrant(
                     request_id=rec.request_id, attempt=rec.attempt, deadline=rec.deadline,
-                    lease_s=lease_s, kind=rec.kind, iteration=rec.iteration, payload=rec.payload,
-                    resume=self._resume_ref(rec)))
+                    lease_s=lease_s, batch=rec.batch, work=rec.work, resume_step=rec.committed_step))
         self.counters["leased"] += len(grants)
         return grants
 
@@ -167,7 +171,7 @@ class RequestQueueCore:
         self.counters["released"] += 1
         self._enqueue(rec)
 
-    def complete(self, request_id: str, attempt: int, worker_id: str, result: dict) -> bool:
+    def complete(self, request_id: str, attempt: int, worker_id: str, result: m.WorkResult) -> bool:
         """Record the result; True if accepted now, False for a repeat of the accepted one."""
         rec = self._requests.get(request_id)
         if rec is not None and rec.state == "done" and (rec.attempt, rec.worker_id) == (attempt, worker_id):
@@ -178,6 +182,9 @@ class RequestQueueCore:
         except StaleAttempt:
             self.counters["late_results_dropped"] += 1
             raise
+        if not isinstance(result, _RESULT[rec.kind]):
+            raise ProtocolError(f"complete {request_id}: a {rec.kind} request returns "
+                                f"{_RESULT[rec.kind].__name__}, got {type(result).__name__}")
         rec.state, rec.result = "done", result
         self.counters["completed"] += 1
         self._finished(rec)
@@ -216,30 +223,29 @@ class RequestQueueCore:
         rec = self._requests.get(rid)
         return rec is not None and rec.state == "leased" and rec.attempt == attempt and rec.deadline == deadline
 
-    # --- iterations -------------------------------------------------------------------------
-    async def wait_iteration(self, iteration: int, timeout_s: float | None = None) -> m.IterationDone:
-        """Wait until every request of ``iteration`` is done or dead; results in submit order."""
-        if not self._iteration_finished(iteration):
-            event = self._iter_done.setdefault(iteration, asyncio.Event())
+    # --- batches ---------------------------------------------------------------------------
+    async def wait_batch(self, batch: str, timeout_s: float | None = None) -> m.BatchDone:
+        """Wait until every request of ``batch`` is done or dead; results in submit order."""
+        if not self._batch_finished(batch):
+            event = self._batch_done.setdefault(batch, asyncio.Event())
             try:
                 async with asyncio.timeout(timeout_s):
                     await event.wait()
             except TimeoutError:
-                raise ActorTimeout(f"iteration {iteration}: {self._open.get(iteration, 0)} requests "
+                raise ActorTimeout(f"batch {batch}: {self._open.get(batch, 0)} requests "
                                    f"still open after {timeout_s}s") from None
-        ids = self._iterations[iteration]
-        return m.IterationDone(
-            iteration=iteration, results=[self._requests[r].result for r in ids],
-            dead=[r for r in ids if self._requests[r].state == "dead"])
+        ids = self._batches[batch]
+        return m.BatchDone(batch=batch, results=[self._requests[r].result for r in ids],
+                           dead=[r for r in ids if self._requests[r].state == "dead"])
 
-    def forget_iteration(self, iteration: int) -> None:
-        """Drop a finished iteration's records (and results) to bound memory in long runs."""
-        if not self._iteration_finished(iteration):
-            raise ProtocolError(f"iteration {iteration} is not finished")
-        for rid in self._iterations.pop(iteration):
+    def forget_batch(self, batch: str) -> None:
+        """Drop a finished batch's records (and results) to bound memory in long runs."""
+        if not self._batch_finished(batch):
+            raise ProtocolError(f"batch {batch} is not finished")
+        for rid in self._batches.pop(batch):
             del self._requests[rid]
-        self._open.pop(iteration, None)
-        self._iter_done.pop(iteration, None)
+        self._open.pop(batch, None)
+        self._batch_done.pop(batch, None)
 
     def stats(self) -> dict[str, Any]:
         states = {"queued": 0, "leased": 0, "done": 0, "dead": 0}
@@ -257,12 +263,6 @@ class RequestQueueCore:
             raise StaleAttempt(f"{op} {request_id} attempt {attempt} from {worker_id}: fenced off "
                                f"(current attempt {rec.attempt}, {rec.state}, {rec.worker_id})")
         return rec
-
-    def _resume_ref(self, rec: _Request) -> dict[str, Any] | None:
-        if rec.committed_step is None:
-            return None
-        return {"request_id": rec.request_id, "step": rec.committed_step,
-                "key": f"commit/{rec.request_id}"}
 
     def _track_deadline(self, rec: _Request) -> None:
         heapq.heappush(self._leases, (rec.deadline, rec.request_id, rec.attempt))
@@ -284,14 +284,14 @@ class RequestQueueCore:
         rec.state, rec.worker_id = "dead", None
         self.counters["dead"] += 1
         self.dead_letters.append({"request_id": rec.request_id, "kind": rec.kind,
-                                  "iteration": rec.iteration, "attempts": rec.attempt,
+                                  "batch": rec.batch, "attempts": rec.attempt,
                                   "reason": reason})
         self._finished(rec)
 
-    def _iteration_finished(self, iteration: int) -> bool:
-        return iteration in self._iterations and self._open.get(iteration, 0) == 0
+    def _batch_finished(self, batch: str) -> bool:
+        return batch in self._batches and self._open.get(batch, 0) == 0
 
     def _finished(self, rec: _Request) -> None:
-        self._open[rec.iteration] -= 1
-        if self._open[rec.iteration] == 0 and rec.iteration in self._iter_done:
-            self._iter_done[rec.iteration].set()
+        self._open[rec.batch] -= 1
+        if self._open[rec.batch] == 0 and rec.batch in self._batch_done:
+            self._batch_done[rec.batch].set()

@@ -19,6 +19,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from spotlight.actors.options import add_options, given
+from spotlight.actors.procs import announce_ready, die_with_parent
 from spotlight.actors.queue.core import QueueConfig, RequestQueueCore
 from spotlight.comm import messages as m
 from spotlight.comm.auth import cluster_server_keys
@@ -64,10 +66,10 @@ def queue_handlers(core: RequestQueueCore) -> dict[type[m.Message], Callable[[An
                 rejected.append({"index": i, "code": type(e).__name__, "message": str(e)})
         return m.BatchResult(accepted=accepted, rejected=rejected)
 
-    async def wait_iteration(msg: m.WaitIteration) -> m.IterationDone:
-        done = await core.wait_iteration(msg.iteration, msg.timeout_s)
+    async def wait_batch(msg: m.WaitBatch) -> m.BatchDone:
+        done = await core.wait_batch(msg.batch, msg.timeout_s)
         if msg.forget:
-            core.forget_iteration(msg.iteration)
+            core.forget_batch(msg.batch)
         return done
 
     return {
@@ -81,7 +83,7 @@ def queue_handlers(core: RequestQueueCore) -> dict[type[m.Message], Callable[[An
                                                msg.result), ok)[1],
         m.CompleteMany: complete_many,
         m.Fail: lambda msg: core.fail(msg.request_id, msg.attempt, msg.worker_id, msg.error) or ok,
-        m.WaitIteration: wait_iteration,
+        m.WaitBatch: wait_batch,
         m.QueueStats: lambda msg: m.QueueStatsReply(stats=core.stats(),
                                                     dead_letters=list(core.dead_letters)),
     }
@@ -153,23 +155,26 @@ async def serve(bind: str, config: QueueConfig, keys: str | None = None) -> None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with QueueService(RequestQueueCore(config), bind=bind, curve=curve) as service:
-        print(f"ready {service.endpoint}", flush=True)  # parents wait for this line
+        announce_ready(f"ready {service.endpoint}")  # parents wait for this line
         await stop.wait()
     log.info("queue on %s stopped", bind)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m spotlight.actors.queue", description="Serve a request queue.")
+    parser = argparse.ArgumentParser(prog="python -m spotlight.actors.queue",
+                                     description="Serve a request queue.")
     parser.add_argument("--bind", required=True, help="ipc:///path or tcp://host:port (port 0: any)")
-    defaults = QueueConfig()
-    parser.add_argument("--lease-s", type=float, default=defaults.lease_s)
-    parser.add_argument("--max-attempts", type=int, default=defaults.max_attempts)
+    add_options(parser, QueueConfig)
     parser.add_argument("--keys", default=None, help="CURVE folder: controller.key_secret + nodes/*.key")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
+    die_with_parent(only_if_asked=True)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(args.bind, QueueConfig(lease_s=args.lease_s, max_attempts=args.max_attempts), args.keys))
-
+    try:
+        config = QueueConfig(**given(args, QueueConfig))
+    except ValueError as e:
+        parser.error(str(e))
+    asyncio.run(serve(args.bind, config, args.keys))
 
 if __name__ == "__main__":
     main()

@@ -1,28 +1,26 @@
-"""The GPU worker: holds the policy at one weights version and runs leased requests on it.
+"""The GPU worker's core: holds the policy at one weights version and runs leased requests on it.
 
-- ``WorkerCore``: the logic. A rollout request (prompt, seeds, weights version) runs step by step
-  with ``sampler.sde_advance``; after EVERY step the state (latents so far [k+1, G, C, H, W],
-  log-probs so far [k, G], step, seeds, version) is handed to the store client's
-  ``commit_nowait``; the step then yields once to the event loop so the flusher hands the state
-  to ZeroMQ, whose I/O thread transmits it while the next step computes. (The math runs on the
-  loop's thread: a separate compute thread fought the loop for the GIL and cost 6-10 ms per
-  rollout request on the tiny model.) An attempt's first commit carries the whole state, every
-  later one only the new step's latent and log-prob, appended in the store (O(K) bytes per
-  request, not O(K²)). Status and stop messages are answered between steps. A re-delivered
-  request (attempt > 1 or a resume reference) resumes from the store's newest commit; the
-  sampler's counter-based noise makes the result bit-identical to an uninterrupted run. At the
-  end it scores the sample and seals the final commit as the trajectory under
-  ``traj/<request_id>``: latents [K+1, G, C, H, W] and log_probs [K, G] (step-major, as
-  committed) plus rewards [G]. An exploration request is one ``sampler.sample`` + reward; its
-  rewards travel in the result.
-- ``serve`` / ``main``: the process shell (``python -m spotlight.actors.worker``): an ipc
-  ``RpcServer`` its node agent drives with WorkerRun / WorkerStatus / WorkerStop.
+``WorkerCore`` runs a job with the functions every path shares (``spotlight.work``). A rollout job
+(prompt, seeds, weights version) runs a step at a time (``work.Rollout``); after EVERY step the
+state (latents so far [k+1, G, C, H, W], log-probs so far [k, G], step, seeds, version) is handed
+to the store client's ``commit_nowait``; the step then yields once to the event loop so the
+flusher hands the state to ZeroMQ, whose I/O thread transmits it while the next step computes.
+(The math runs on the loop's thread: a separate compute thread fought the loop for the GIL and cost
+6-10 ms per rollout request on the tiny model.) An attempt's first commit carries the whole state,
+every later one only the new step's latent and log-prob, appended in the store (O(K) bytes per
+request, not O(K²)). Status and stop messages are answered between steps. A re-delivered request
+(attempt > 1, or a reported committed step) resumes from the store's newest commit; the sampler's
+counter-based noise makes the result bit-identical to an uninterrupted run. At the end it scores
+the sample and seals the final commit as the trajectory under ``traj/<request_id>``: latents
+[K+1, G, C, H, W] and log_probs [K, G] (step-major, as committed) plus rewards [G]; the result
+(``RolloutResult``) names that key. An exploration job is ``work.explore``; its rewards travel in
+the ``ExploreResult``.
 
-Weights: a request names its version; the worker loads that version before the first step
-(straight into its parameters' memory) and never changes weights inside a request.
+Weights: a job names its version; the worker loads that version before the first step (straight
+into its parameters' memory) and never changes weights inside a request.
 
-This module knows the sampler, the model and the store; it knows nothing of queues or leases
-beyond the LeaseGrant it is handed (the agent talks to the queue).
+The process shell is ``spotlight.actors.worker.service``. This module knows the work, the model
+and the store; it knows nothing of queues or leases beyond the LeaseGrant it is handed.
 """
 
 from __future__ import annotations
@@ -35,29 +33,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from spotlight import work
 from spotlight.actors.store.client import TensorStoreClient
 from spotlight.comm import messages as m
 from spotlight.errors import Preempted, ProtocolError
 from spotlight.recipe import Recipe
 
 log = logging.getLogger(__name__)
-
-
-def build_policy_model(recipe: Recipe):
-    """The trainer's model architecture (incl. a LoRA adapter under LoRA fine-tuning), so that
-    the trainer's ``state_dict`` loads into it key for key."""
-    from spotlight.data.scenes import VOCABULARY
-    from spotlight.models.dit import build_model
-    from spotlight.policy.grpo import LORA_TARGETS
-
-    model = build_model(recipe.model, VOCABULARY)
-    g = recipe.grpo
-    if g.finetune == "lora":
-        from peft import LoraConfig
-
-        model.dit.add_adapter(LoraConfig(r=g.lora_rank, lora_alpha=g.lora_alpha, init_lora_weights="gaussian",
-                                         target_modules=LORA_TARGETS))
-    return model.requires_grad_(False)
 
 
 def trajectory_key(request_id: str) -> str:
@@ -69,15 +51,12 @@ class WorkerCore:
 
     def __init__(self, recipe: Recipe, store: TensorStoreClient, model=None, *, worker_id: str = "worker",
                  step_delay_s: float = 0.0) -> None:
-        from spotlight.rewards.config import load_reward
-
         self.recipe, self.store, self.worker_id = recipe, store, worker_id
         # Fault injection only (a slow device): lets tests land a kill between two steps.
         self.step_delay_s = step_delay_s
-        self.model = model if model is not None else build_policy_model(recipe)
-        self.reward = load_reward(recipe.reward)
-        c = recipe.model
-        self.shape = (c.channels, c.image_size, c.image_size)
+        self.model = model if model is not None else work.policy_model(recipe)
+        self.reward = work.recipe_reward(recipe)
+        self.shape = work.image_shape(recipe)
         # numpy views on the parameters: get_weights(out=...) fills the model without a copy.
         self._params = {k: v.detach().numpy() for k, v in self.model.state_dict().items()}
         self.version: int | None = None
@@ -104,15 +83,16 @@ class WorkerCore:
         return m.WorkerProgress(request_id=self.request_id, attempt=self.attempt,
                                 committed_step=self.committed_step, version=self.version)
 
-    async def stop(self, timeout: float = 1.5) -> m.WorkerProgress:
-        """Spot notice: let the running step finish, flush its commit, stop; no new requests."""
+    async def stop(self) -> m.WorkerProgress:
+        """Spot notice: let the running step finish, flush its commit, stop; no new requests.
+        Raises TimeoutError after ``runtime.worker_stop_s`` (the leave budget's share for it)."""
         self._stop = True
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(self.recipe.runtime.worker_stop_s):
             await self._idle.wait()
             await self.store.flush()
         return self.progress()
 
-    async def run(self, lease: m.LeaseGrant) -> dict[str, Any]:
+    async def run(self, lease: m.LeaseGrant) -> m.WorkResult:
         if self._stop:
             raise Preempted("worker is stopping")
         if not self._idle.is_set():
@@ -121,58 +101,44 @@ class WorkerCore:
         self.request_id, self.attempt, self.committed_step = lease.request_id, lease.attempt, None
         t0 = time.perf_counter()
         try:
-            await self.load_weights(int(lease.payload["version"]))
-            if lease.kind == "explore":
-                result = await self._explore(lease.payload)
+            await self.load_weights(lease.work.version)
+            if isinstance(lease.work, m.ExploreWork):
+                result = await self._explore(lease.work)
             else:
-                result = await self._rollout(lease)
+                result = await self._rollout(lease, lease.work)
             # Time inside the worker, and the part of it spent computing (model, sampler, reward):
             # the rest, and everything outside the worker, is the runtime's overhead.
-            return {**result, "worker_s": time.perf_counter() - t0}
+            result.worker_s = time.perf_counter() - t0
+            return result
         finally:
             self.request_id = None
             self._idle.set()
 
-    async def _explore(self, p: dict[str, Any]) -> dict[str, Any]:
-        from spotlight.policy.sampler import sample
-        from spotlight.rewards.base import to_uint8_images
-
-        s, seeds = self.recipe.sampler, list(p["seeds"])
-        prompts = [p["prompt"]] * len(seeds)
-
+    async def _explore(self, job: m.ExploreWork) -> m.ExploreResult:
         t0 = time.perf_counter()
-        x = sample(self.model, prompts, seeds, self.shape, s.steps, s.shift, noise_level=s.noise_level,
-                   effective_steps=p.get("effective_steps"), sde_steps=s.sde_steps, noise_patch=s.noise_patch,
-                   init_seed=p.get("init_seed"))
-        rewards = self.reward(to_uint8_images(x), prompts)
-        return {"rewards": [float(r) for r in rewards], "compute_s": time.perf_counter() - t0}
+        rewards = work.explore(self.model, job, self.recipe.sampler, self.reward, self.shape)
+        return m.ExploreResult(rewards=[float(r) for r in rewards], compute_s=time.perf_counter() - t0)
 
-    async def _rollout(self, lease: m.LeaseGrant) -> dict[str, Any]:
-        from spotlight.policy.sampler import sde_advance, start
-        from spotlight.rewards.base import to_uint8_images
-
-        p, cfg, rid = lease.payload, self.recipe.sampler, lease.request_id
-        seeds, prompts = list(p["seeds"]), [p["prompt"]] * len(p["seeds"])
-        meta = {"version": self.version, "seeds": seeds, "prompt": p["prompt"], "worker": self.worker_id}
+    async def _rollout(self, lease: m.LeaseGrant, job: m.RolloutWork) -> m.RolloutResult:
+        rid = lease.request_id
+        meta = {"version": self.version, "seeds": list(job.seeds), "prompt": job.prompt, "worker": self.worker_id}
         state = await self._resume(lease, meta)
-        resumed_from = 0 if state is None else state.step
         t0 = time.perf_counter()
-        state = state or start(seeds, self.shape, init_seed=p.get("init_seed"))
-        with torch.no_grad():
-            text = self.model.encode(prompts)
+        rollout = work.Rollout(self.model, job, self.recipe.sampler, self.shape, state)
         compute_s = time.perf_counter() - t0
         base = None  # this attempt's first commit is the whole state; later ones append a step
-        while state.step < cfg.steps:
+        while not rollout.done:
             if self._stop:
                 await self.store.flush()
-                raise Preempted(f"{rid}: stopped after step {state.step} (committed)")
+                raise Preempted(f"{rid}: stopped after step {rollout.state.step} (committed)")
             t0 = time.perf_counter()
-            sde_advance(self.model, state, text, seeds, cfg)
+            state = rollout.step()
             compute_s += time.perf_counter() - t0
             # The sampler never writes into a past step's tensors, so the store client may own
             # these (views, no copy) while the next step runs.
             if base is None:
-                rows = {"latents": torch.stack(state.latents), "log_probs": torch.stack(state.log_probs)}
+                latents, log_probs = work.trajectory(state)
+                rows = {"latents": latents, "log_probs": log_probs}
             else:
                 rows = {"latents": state.latents[-1][None], "log_probs": state.log_probs[-1][None]}
             self.store.commit_nowait(rid, state.step, rows, meta, attempt=lease.attempt, base=base)
@@ -180,18 +146,21 @@ class WorkerCore:
             await asyncio.sleep(self.step_delay_s)  # yield: the flusher sends, stop/status run
 
         t0 = time.perf_counter()
-        rewards = np.asarray(self.reward(to_uint8_images(state.latents[-1].clamp(-1, 1)), prompts), np.float32)
+        rewards = rollout.rewards(self.reward)
         compute_s += time.perf_counter() - t0
         key = trajectory_key(rid)
         # The final commit becomes the trajectory in the store: nothing is sent twice.
-        await self.store.seal_commit(rid, state.step, key, {"rewards": rewards}, {**meta, "attempt": lease.attempt})
-        return {"key": key, "rewards": [float(r) for r in rewards], "resumed_from": resumed_from, "compute_s": compute_s}
+        await self.store.seal_commit(rid, rollout.state.step, key, {"rewards": rewards},
+                                     {**meta, "attempt": lease.attempt})
+        nbytes = sum(x.nbytes for x in (*rollout.state.latents, *rollout.state.log_probs)) + rewards.nbytes
+        return m.RolloutResult(key=key, nbytes=nbytes, rewards=[float(r) for r in rewards],
+                               resumed_from=rollout.resumed_from, compute_s=compute_s)
 
     async def _resume(self, lease: m.LeaseGrant, meta: dict[str, Any]):
         """The state of the newest commit of this request, if it was made with these weights."""
         from spotlight.policy.sampler import RolloutState
 
-        if lease.resume is None and lease.attempt <= 1:
+        if lease.resume_step is None and lease.attempt <= 1:
             return None  # first delivery: nothing can have been committed
         held = await self.store.get_commit(lease.request_id)
         if held is None:

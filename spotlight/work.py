@@ -1,0 +1,118 @@
+"""The work of an iteration, defined once: "run this explore job / this rollout job on this model".
+
+The in-process executor (``spotlight.loop.LocalExecutor``) and the runtime's GPU worker
+(``spotlight.actors.worker``) call the same functions here with the same job messages and the same
+config objects, so the bit-identity of the two paths holds by construction, not by keeping copies
+in agreement:
+
+- ``policy_model(recipe)``, ``recipe_reward(recipe)``: the trainer's architecture (the LoRA adapter
+  included) for a worker, and the recipe's reward, built the same way everywhere;
+- ``explore(model, job, sampler, reward, shape)``: one prompt's candidate seeds scored;
+- ``Rollout``: one prompt's group, step by step (the worker commits between steps; the in-process
+  executor just runs them), then scored;
+- ``trajectory(state)`` / ``group(job, latents, log_probs, rewards)``: the step-major trajectory
+  tensors a worker commits, and the trainer's ``Group`` built from them — from memory in-process,
+  from the tensor store in the runtime.
+
+Jobs are the wire's work messages (``spotlight.comm.messages.ExploreWork`` / ``RolloutWork``): each
+names its prompt, seeds, shared initial noise and the weights version it must run with.
+
+This module knows the model, the sampler and the reward; nothing of queues, stores or processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from spotlight.comm.messages import ExploreWork, RolloutWork
+from spotlight.policy.grpo import Group, add_lora
+from spotlight.policy.sampler import RolloutState, SamplerConfig, sample_policy, sde_advance, start
+from spotlight.rewards.base import to_uint8_images
+
+
+def policy_model(recipe) -> Any:
+    """The trainer's model architecture (with the LoRA adapter under LoRA fine-tuning, frozen), so
+    the trainer's ``state_dict`` loads into it key for key."""
+    from spotlight.data.scenes import VOCABULARY
+    from spotlight.models.dit import build_model
+
+    model = build_model(recipe.model, VOCABULARY)
+    if recipe.grpo.finetune == "lora":
+        add_lora(model, recipe.grpo)
+    return model.requires_grad_(False)
+
+
+def recipe_reward(recipe):
+    """The recipe's reward, built the one way the trainer, the in-process executor and every
+    worker process build it."""
+    from spotlight.rewards.config import load_reward
+
+    return load_reward(recipe.reward)
+
+
+def image_shape(recipe) -> tuple[int, int, int]:
+    c = recipe.model
+    return (c.channels, c.image_size, c.image_size)
+
+
+@torch.no_grad()
+def explore(model, job: ExploreWork, sampler: SamplerConfig, reward, shape) -> np.ndarray:
+    """Rewards [M] of the job's candidate seeds, sampled with the rollout policy (``effective_steps``
+    model evaluations when step caching is on) from the group's shared x_1 when it has one."""
+    prompts = [job.prompt] * len(job.seeds)
+    x = sample_policy(model, prompts, list(job.seeds), sampler, shape, effective_steps=job.effective_steps,
+                      init_seed=job.init_seed)
+    return np.asarray(reward(to_uint8_images(x), prompts), dtype=np.float32)
+
+
+class Rollout:
+    """One rollout job, a denoising step at a time: ``while not r.done: r.step()``, then
+    ``r.rewards(reward)``. ``state`` resumes from a committed step (counter-based noise: the end is
+    bit-identical to an uninterrupted run)."""
+
+    def __init__(self, model, job: RolloutWork, sampler: SamplerConfig, shape,
+                 state: RolloutState | None = None) -> None:
+        self.model, self.job, self.sampler = model, job, sampler
+        self.seeds = list(job.seeds)
+        self.prompts = [job.prompt] * len(self.seeds)
+        self.state = state or start(self.seeds, shape, init_seed=job.init_seed)
+        self.resumed_from = self.state.step
+        with torch.no_grad():
+            self.text = model.encode(self.prompts)
+
+    @property
+    def done(self) -> bool:
+        return self.state.step >= self.sampler.steps
+
+    def step(self) -> RolloutState:
+        """Run the next denoising step (the sampler never writes into a past step's tensors)."""
+        return sde_advance(self.model, self.state, self.text, self.seeds, self.sampler)
+
+    @torch.no_grad()
+    def rewards(self, reward) -> np.ndarray:
+        final = self.state.latents[-1].clamp(-1, 1)
+        return np.asarray(reward(to_uint8_images(final), self.prompts), dtype=np.float32)
+
+
+def rollout(model, job: RolloutWork, sampler: SamplerConfig, reward, shape) -> Group:
+    """The whole job in one go (the in-process executor): every step, then the rewards."""
+    r = Rollout(model, job, sampler, shape)
+    while not r.done:
+        r.step()
+    latents, log_probs = trajectory(r.state)
+    return group(job, latents, log_probs, r.rewards(reward))
+
+
+def trajectory(state: RolloutState) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step-major latents [K+1, G, C, H, W] and log-probs [K, G] of a rollout so far."""
+    return torch.stack(state.latents), torch.stack(state.log_probs)
+
+
+def group(job: RolloutWork, latents, log_probs, rewards) -> Group:
+    """The trainer's ``Group`` ([G, steps, ...] writable tensors) from a step-major trajectory,
+    whether it comes from memory or from the tensor store (numpy views)."""
+    lat, lps = (torch.as_tensor(np.ascontiguousarray(np.asarray(x).swapaxes(0, 1))) for x in (latents, log_probs))
+    return Group(job.prompt, list(job.seeds), lat, lps, torch.as_tensor(np.array(rewards, dtype=np.float32)))
