@@ -74,20 +74,18 @@ class LocalExecutor:
         self.reward = work.recipe_reward(recipe)
         self.shape = work.image_shape(recipe)
 
-    def _check(self, jobs) -> None:
-        for job in jobs:
-            if job.version != self.version:
-                raise ValueError(f"job for weights version {job.version}, but this process holds {self.version}")
+    def _held(self, job):
+        if job.version != self.version:
+            raise ValueError(f"job for weights version {job.version}, but this process holds {self.version}")
+        return job
 
     def explore(self, batch: str, jobs: list[m.ExploreWork]) -> Future[list[np.ndarray]]:
-        self._check(jobs)
         s = self.recipe.sampler
-        return done_future(lambda: [work.explore(self.model, j, s, self.reward, self.shape) for j in jobs])
+        return done_future(lambda: [work.explore(self.model, self._held(j), s, self.reward, self.shape) for j in jobs])
 
     def rollout(self, batch: str, jobs: list[m.RolloutWork]) -> Future[list[Group]]:
-        self._check(jobs)
         s = self.recipe.sampler
-        return done_future(lambda: [work.rollout(self.model, j, s, self.reward, self.shape) for j in jobs])
+        return done_future(lambda: [work.rollout(self.model, self._held(j), s, self.reward, self.shape) for j in jobs])
 
     def publish(self, version: int, model) -> None:
         self.version = version  # the trainer updated this very model in place
