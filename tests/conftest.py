@@ -4,6 +4,7 @@ timing, and actor processes started by their readiness line."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 
@@ -11,6 +12,27 @@ import pytest
 import torch
 
 torch.set_num_threads(1)  # 2-core CI machine: oversubscribed intra-op threads crawl
+
+
+# Set by the tools themselves, not by a test: pytest's phase marker, and torch's inductor, which
+# writes its default cache folder into the environment the first time it is asked for it.
+_ENV_SET_BY_TOOLS = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_global_state():
+    """Every test leaves the environment and the reward registry as it found them: set variables
+    with ``monkeypatch.setenv``, register rewards in a fixture that unregisters them."""
+    from spotlight.rewards import base
+
+    env, rewards = dict(os.environ), dict(base._REGISTRY)
+    yield
+    leaked_env = {k for k in env.keys() | os.environ.keys() if env.get(k) != os.environ.get(k)}
+    leaked_env -= _ENV_SET_BY_TOOLS
+    # a built-in module registering its own name on first import is no leak
+    leaked_rewards = (rewards.keys() ^ base._REGISTRY.keys()) - base._BUILTIN.keys()
+    assert not leaked_env and not leaked_rewards, (f"test changed environment variables {sorted(leaked_env)} "
+                                                   f"or registered rewards {sorted(leaked_rewards)}")
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from typing import Any
 from spotlight.rewards.base import (
     RewardFn,
     WeightedSum,
-    check_batch,
     check_arguments,
+    check_batch,
     check_scores,
     known_rewards,
     make_reward,
@@ -26,7 +26,6 @@ from spotlight.rewards.base import (
     to_uint8_images,
     unregister_reward,
 )
-from spotlight.rewards.base import __all__ as _base_all
 from spotlight.rewards.config import RewardConfig, load_reward
 
 # name -> module that defines it; imported on first attribute access.
@@ -38,7 +37,22 @@ _LAZY = {
     "serve_reward": "spotlight.rewards.http",
 }
 
-__all__ = [*_base_all, "RewardConfig", "load_reward", *_LAZY]
+__all__ = [
+    "RewardConfig",
+    "RewardFn",
+    "WeightedSum",
+    "check_arguments",
+    "check_batch",
+    "check_scores",
+    "known_rewards",
+    "load_reward",
+    "make_reward",
+    "register_reward",
+    "resolve_reward",
+    "to_uint8_images",
+    "unregister_reward",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

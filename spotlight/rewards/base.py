@@ -219,7 +219,8 @@ def check_arguments(name: str, factory: Callable[..., Any], kwargs: Mapping[str,
         signature.bind(**kwargs)
     except TypeError as e:
         accepted = [p for p in signature.parameters if p not in ("self", "args", "kwargs")]
-        raise ConfigError(f"reward {name!r}: {e}; accepted arguments: {', '.join(accepted) or 'none'}") from None
+        accepted_text = ", ".join(accepted) or "none"
+        raise ConfigError(f"reward {name!r}: {e}; accepted arguments: {accepted_text}") from None
 
 
 def make_reward(name: str, **kwargs: Any) -> RewardFn:

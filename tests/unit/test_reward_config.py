@@ -91,7 +91,8 @@ def test_toml_table_and_weighted_terms(tmp_path):
 
 def test_table_round_trips_through_json_as_workers_receive_it():
     r = recipe("reward.name=weighted", 'reward.terms=[{name="jpeg", weight=1.0, quality=50}]')
-    assert r.to_dict()["reward"] == {"name": "weighted", "terms": [{"name": "jpeg", "weight": 1.0, "quality": 50}]}
+    terms = [{"name": "jpeg", "weight": 1.0, "quality": 50}]
+    assert r.to_dict()["reward"] == {"name": "weighted", "terms": terms}
     assert load_recipe(json.loads(json.dumps(r.to_dict()))) == r
 
 
@@ -105,16 +106,18 @@ def test_user_reward_by_import_path(user_module):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["reward.name=pickscore"], "unknown reward 'pickscore'; known rewards: compositional, http, jpeg, weighted"),
+    (["reward.name=pickscore"],
+     "unknown reward 'pickscore'; known rewards: compositional, http, jpeg, weighted"),
     (["reward.name=mypkg.rewards.score"], "an import path is written 'module:attribute'"),
     (["reward.name=http"], "reward 'http': missing a required argument: 'url'"),
     (["reward.name=jpeg", "reward.qualty=90"], "reward 'jpeg': got an unexpected keyword argument 'qualty'; "
                                                "accepted arguments: config, quality, normalize"),
-    (["reward.name=no_such_module_xyz:score"], "reward 'no_such_module_xyz:score': cannot import no_such_module_xyz "
-                                               "(ModuleNotFoundError"),
+    (["reward.name=no_such_module_xyz:score"],
+     "reward 'no_such_module_xyz:score': cannot import no_such_module_xyz (ModuleNotFoundError"),
     (["reward.name=spotlight.rewards.jpeg:Nope"], "spotlight.rewards.jpeg has no attribute 'Nope'"),
     (["reward.name=weighted"], "reward 'weighted': missing a required argument: 'terms'"),
-    (["reward.name=weighted", 'reward.terms=[{name="jpeg", weight="high"}]'], r"terms[0].weight must be a finite"),
+    (["reward.name=weighted", 'reward.terms=[{name="jpeg", weight="high"}]'],
+     "terms[0].weight must be a finite"),
     (["reward.name=weighted", 'reward.terms=[{name="jpg", weight=1}]'], "unknown reward 'jpg'"),
 ])
 def test_mistakes_are_one_line_config_errors(overrides, message):
@@ -130,7 +133,7 @@ def test_user_factory_errors(user_module, tmp_path):
         load_reward(RewardConfig(name=f"{user_module}:not_a_reward"))
     (tmp_path / "broken_rewards_cfg.py").write_text("import numpy as np\nraise RuntimeError('no GPU here')\n")
     try:
-        with pytest.raises(ConfigError, match=r"cannot import broken_rewards_cfg \(RuntimeError: no GPU here\)"):
+        with pytest.raises(ConfigError, match=r"import broken_rewards_cfg \(RuntimeError: no GPU here"):
             recipe("reward.name=broken_rewards_cfg:score")
     finally:
         sys.modules.pop("broken_rewards_cfg", None)
