@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--minutes", type=float, default=25.0, help="wall-clock budget (default 25)")
     pre.add_argument("--max-steps", type=int, default=1_000_000)
     pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (cosine decay to 5%%)")
+    pre.add_argument("--ema-decay", type=float, default=0.999, help="EMA of the weights that is saved")
     pre.add_argument("--out", type=Path, default=Path("runs/pretrain/base.safetensors"))
     pre.add_argument("overrides", nargs="*", help="model.field=value, e.g. model.layers=2")
     pre.set_defaults(func=_pretrain)
@@ -122,7 +124,8 @@ def _pretrain(args) -> int:
     from spotlight.recipe import load_recipe
 
     model = load_recipe({"model": {"checkpoint": None}}, args.overrides).model
-    pretrain(PretrainConfig(model=model, minutes=args.minutes, max_steps=args.max_steps, seed=args.seed), args.out)
+    pretrain(PretrainConfig(model=model, minutes=args.minutes, max_steps=args.max_steps, seed=args.seed, lr=args.lr,
+                            ema_decay=args.ema_decay), args.out)
     return 0
 
 

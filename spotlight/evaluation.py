@@ -3,7 +3,7 @@
 Every evaluation reports (DESIGN §8, issue 11):
 - **ode_heldout** — the headline (`eval_reward`): the deterministic ODE sampler (`sampler.eval_steps`)
   on the held-out split of the run's prompt set (`spotlight.data.prompts.heldout_prompts`);
-- **ode_train** — the same sampler on the training prompts, unseen seeds;
+- **ode_train** — the same sampler on (the first 8 of) the training prompts, unseen seeds;
 - **sde_train** — the rollout policy itself (the SDE sampler as trained) on the training prompts;
 - **fm_loss** — the model's flow-matching loss on freshly rendered scenes of all evaluation prompts
   (a fixed batch: same scenes, noise and times at every evaluation, so values are paired), and
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spotlight.data.prompts import heldout_prompts, prompt_set
+from spotlight.data.prompts import eval_train_prompts, heldout_prompts
 from spotlight.data.scenes import parse_caption, render
-from spotlight.policy.sampler import sample
+from spotlight.policy.sampler import sample_ode, sample_policy
 from spotlight.policy.seeds import candidate_seeds
 from spotlight.recipe import Recipe
 from spotlight.report import MetricsLog, save_grid
@@ -44,7 +44,7 @@ class Evaluator:
         self.model, self.recipe, self.reward, self.out = model, recipe, reward, out
         c = recipe.model
         self.shape = (c.channels, c.image_size, c.image_size)
-        self.train = prompt_set(recipe.run.prompts)
+        self.train = eval_train_prompts(recipe.run.prompts)
         self.heldout = heldout_prompts(recipe.run.prompts)
         self.fm_x0, self.fm_eps, self.fm_t, self.fm_prompts = fm_probe(self.train + self.heldout, c.image_size)
         self.base_fm = _base_fm(out / "metrics.jsonl")  # a resumed run keeps its base's value
@@ -86,10 +86,9 @@ class Evaluator:
             seeds = [x for i in range(len(prompts))
                      for x in candidate_seeds(r.seed, 0, offset + i, r.eval_samples, stream=EVAL_STREAM + k)]
             if sde:  # the rollout policy: the sampler as trained, every option of SamplerConfig
-                x = sample(self.model, batch, seeds, self.shape, s.steps, s.shift, noise_level=s.noise_level,
-                           sde_steps=s.sde_steps, noise_patch=s.noise_patch, sde_type=s.sde_type)
+                x = sample_policy(self.model, batch, seeds, s, self.shape)
             else:
-                x = sample(self.model, batch, seeds, self.shape, s.eval_steps, s.shift)
+                x = sample_ode(self.model, batch, seeds, s, self.shape)
             imgs = to_uint8_images(x)
             per_set.append(float(np.mean(self.reward(imgs, batch))))
             if k == 0:

@@ -45,6 +45,19 @@ PROMPT_SETS: dict[str, list[str]] = {
     "counting": [f"{n} {c} {s}s" for n in ("two", "three") for c in PALETTE for s in SHAPES],
 }
 
+
+
+def _broad() -> list[str]:
+    """The demo prompts first, then every other single-group caption and as many relation captions
+    (a fixed sample), none of the demo's held-out split: 64 prompts, half counts, half relations."""
+    held = set(HELDOUT["demo"])
+    demo = PROMPT_SETS["demo"]
+    rest = [c for c in all_captions() if c not in held and c not in demo]
+    singles = [c for c in rest if " of " not in c and " above " not in c and " below " not in c]
+    pairs = [c for c in rest if c not in singles]
+    return demo + singles + random.Random(0).sample(pairs, len(singles))  # demo: 4 counts, 4 relations
+
+
 HELDOUT: dict[str, list[str]] = {
     # Same mix as "demo" (four counts, four relations; every colour, shape and relation appears in
     # training), none of them a training prompt.
@@ -59,6 +72,8 @@ HELDOUT: dict[str, list[str]] = {
         "a green circle below a red triangle",
     ],
 }
+HELDOUT["broad"] = HELDOUT["demo"]
+PROMPT_SETS["broad"] = _broad()  # more combinations of the same words: skills, not memorised prompts
 
 
 def heldout_prompts(name: str, n: int = 8) -> list[str]:
@@ -72,6 +87,12 @@ def heldout_prompts(name: str, n: int = 8) -> list[str]:
         return list(HELDOUT[name])
     rest = [c for c in all_captions() if c not in train]
     return random.Random(0).sample(rest, min(n, len(rest)))
+
+
+def eval_train_prompts(name: str, n: int = 8) -> list[str]:
+    """The training prompts an evaluation samples: the first `n` of the set (for 'broad', the demo
+    prompts), so evaluations stay affordable and comparable across sets."""
+    return prompt_set(name)[:n]
 
 
 def prompt_set(name: str) -> list[str]:
