@@ -13,7 +13,7 @@ from spotlight.rewards.base import make_reward
 
 def test_heldout_prompts_are_of_the_grammar_and_never_trained_on():
     grammar = set(all_captions())
-    for name in ("demo", "counting"):
+    for name in ("demo", "counting", "broad"):
         held, train = heldout_prompts(name), prompt_set(name)
         assert len(held) == 8 and set(held) <= grammar and not set(held) & set(train)
     assert heldout_prompts("counting") == heldout_prompts("counting")  # a fixed split
