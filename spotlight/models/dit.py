@@ -33,7 +33,8 @@ class ModelConfig:
     dit_path: str | None = None
     """Local folder written by `save_pretrained`; None builds a fresh tiny model of `dit_class`."""
     checkpoint: str | None = "builtin:base"
-    """Spotlight checkpoint (.safetensors with DiT + text encoder); 'builtin:base' = the shipped base."""
+    """Spotlight checkpoint (.safetensors with DiT + text encoder); 'builtin:base' = the shipped base.
+    A checkpoint of LoRA fine-tuning starts a run (or an eval) from its base with the adapter merged."""
     image_size: int = 32
     """Side of the square pixel canvas the model generates."""
     channels: int = 3
@@ -149,9 +150,26 @@ class DiffusionModel(nn.Module):
         meta = {"model": json.dumps(asdict(self.cfg)), "dit_config": json.dumps(dict(self.dit.config)),
                 "text": json.dumps(self.text.config), "vocabulary": json.dumps(self.tokenizer.vocabulary),
                 "extra": json.dumps(extra or {})}
+        if (lora := lora_config(self.dit)) is not None:  # the adapter's peft config, to re-attach it on load
+            meta["lora"] = json.dumps(lora)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         save_file(state, str(path), metadata=meta)
+
+
+def lora_config(dit: nn.Module) -> dict | None:
+    """The peft config of the DiT's LoRA adapter (JSON-ready), or None without one."""
+    config = getattr(dit, "peft_config", {}).get("default")
+    if config is None:
+        return None
+    return {k: sorted(v) if isinstance(v, set) else v for k, v in config.to_dict().items()}
+
+
+def attach_lora(dit: nn.Module, config: dict) -> None:
+    """Re-attach a LoRA adapter saved with `lora_config` (its weights come from the state dict)."""
+    from peft import LoraConfig
+
+    dit.add_adapter(LoraConfig(**config))
 
 
 def _pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -169,8 +187,12 @@ def resolve_checkpoint(path: str) -> Path:
     return p
 
 
-def build_model(cfg: ModelConfig, vocabulary) -> DiffusionModel:
-    """Build (fresh or from a checkpoint / diffusers folder) the model a recipe names."""
+def build_model(cfg: ModelConfig, vocabulary, *, merge_lora: bool = True) -> DiffusionModel:
+    """Build (fresh or from a checkpoint / diffusers folder) the model a recipe names.
+
+    A checkpoint saved with a LoRA adapter gets it back; `merge_lora` folds it into the base weights
+    (W + scale·B·A, peft's fuse) so the result is a plain model of the same forward up to float
+    rounding — what a run or an eval starts from. `merge_lora=False` keeps the adapter (export)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -188,9 +210,18 @@ def build_model(cfg: ModelConfig, vocabulary) -> DiffusionModel:
         state = load_file(str(path))
         if cfg.dit_path:
             state = {k: v for k, v in state.items() if k.startswith("text.")}
+        elif "lora" in meta:
+            attach_lora(model.dit, json.loads(meta["lora"]))
+        elif any(".lora_A." in k for k in state):
+            raise ConfigError(f"model.checkpoint {path}: LoRA weights without the adapter's config (saved "
+                              f"before checkpoints recorded it), so its scale lora_alpha/r is unknown")
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or (missing and cfg.dit_path is None):
             raise ConfigError(f"model.checkpoint {path}: weights do not match (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        if merge_lora and lora_config(model.dit) is not None:
+            model.dit.fuse_lora()
+            model.dit.unload_lora()  # the fused base layers stay, the adapter layers go
+            model.dit.requires_grad_(True)  # peft froze the base while the adapter was attached
         return model
     return _assemble(cfg, vocabulary, None)
 
