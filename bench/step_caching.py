@@ -1,0 +1,125 @@
+# taskset -c 0 python bench/step_caching.py [--recipe tiny] [--prompts 8] [--candidates 16] [--rounds 1]
+"""Step caching for exploration: model calls saved vs rank fidelity, against full steps.
+
+The baseline is exploration at full steps (every one of `sampler.steps` model calls computed), as
+the rollout policy samples. Side by side in one run, on the same candidate seeds (the demo's
+training prompts, `--candidates` seeds each, the loop's shared initial noise):
+
+- diffusers' First Block Cache (`spotlight.policy.caching.step_cache`) at several thresholds;
+- the naive even skip (`effective_steps=E`: the model runs on E evenly spread steps).
+
+Columns: model calls that ran every block (ratio to full), transformer-block evaluations (the
+machine-independent cost; a cached call still runs the first block), CPU seconds of this
+process (one torch thread: unlike wall time, not inflated by other jobs on a shared core), rank
+fidelity = mean over prompts of Spearman(cached rewards, full-step rewards) of the
+same candidates, and what the selection keeps: the share of the G/2 best + G/2 worst seeds that
+match the full-step selection, and the full-step reward spread of the selected group relative to
+the full-step selection's spread (what GRPO actually gets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from spotlight import work  # noqa: E402
+from spotlight.data.prompts import prompt_set  # noqa: E402
+from spotlight.loop import INIT_STREAM  # noqa: E402
+from spotlight.policy.caching import step_cache  # noqa: E402
+from spotlight.policy.consistency import rank_consistency  # noqa: E402
+from spotlight.policy.sampler import sample_policy  # noqa: E402
+from spotlight.policy.seeds import candidate_seeds, select_contrast  # noqa: E402
+from spotlight.recipe import load_recipe  # noqa: E402
+from spotlight.rewards.base import to_uint8_images  # noqa: E402
+
+THRESHOLDS = (0.15, 0.2, 0.3, 0.5, 1.0)
+EVEN_SKIP = (8, 6, 4, 3)
+
+
+def jobs(recipe, n_prompts: int, candidates: int, rounds: int) -> list[tuple[str, list[int], int | None]]:
+    r, prompts = recipe.run, prompt_set(recipe.run.prompts)[:n_prompts]
+    out = []
+    for it in range(rounds):
+        for i, p in enumerate(prompts):
+            shared = recipe.sampler.shared_init
+            init = candidate_seeds(r.seed, it, i, 1, stream=INIT_STREAM)[0] if shared else None
+            out.append((p, candidate_seeds(r.seed, it, i, candidates), init))
+    return out
+
+
+def explore(model, recipe, reward, batch, threshold=None, effective_steps=None
+            ) -> tuple[list, int, int, float]:
+    """Rewards per prompt, computed calls, block evaluations and CPU seconds (sampling + reward)."""
+    shape, scores, calls, blocks = work.image_shape(recipe), [], 0, 0
+    t0 = time.process_time()
+    for prompt, seeds, init in batch:
+        with step_cache(model, threshold) as cached:
+            x = sample_policy(cached, [prompt] * len(seeds), seeds, recipe.sampler, shape,
+                              effective_steps=effective_steps, init_seed=init)
+        s = cached.stats
+        computed = s.computed if effective_steps is None else effective_steps  # skipped steps never call
+        calls += computed
+        blocks += s.block_evaluations if effective_steps is None else effective_steps * s.blocks
+        scores.append(np.asarray(reward(to_uint8_images(x), [prompt] * len(seeds)), dtype=np.float64))
+    return scores, calls, blocks, time.process_time() - t0
+
+
+def selection(batch, full, scores, group: int) -> tuple[float, float]:
+    """Share of the full-step selection kept, and the selected groups' full-step spread / the full
+    selection's spread (both averaged over prompts)."""
+    kept, spread = [], []
+    for (_, seeds, _), f, s in zip(batch, full, scores):
+        ref, sel = select_contrast(seeds, f, group), select_contrast(seeds, s, group)
+        kept.append(len(set(ref) & set(sel)) / group)
+        std = lambda chosen: float(np.std(f[[seeds.index(c) for c in chosen]]))  # noqa: E731
+        spread.append(std(sel) / std(ref) if std(ref) > 0 else 1.0)
+    return float(np.mean(kept)), float(np.mean(spread))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default="tiny")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--candidates", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=1, help="seed sets per prompt (iterations' candidates)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    recipe = load_recipe(args.recipe)
+    model, reward = work.policy_model(recipe), work.recipe_reward(recipe)
+    batch = jobs(recipe, args.prompts, args.candidates, args.rounds)
+    steps, group = recipe.sampler.steps, recipe.run.group_size
+
+    explore(model, recipe, reward, batch[:1])  # warm-up: first-call allocations out of the timings
+    full, calls0, blocks0, sec0 = explore(model, recipe, reward, batch)
+    modes = [(f"first-block cache t={t:g}", dict(threshold=t)) for t in THRESHOLDS]
+    modes += [(f"even skip E={e}", dict(effective_steps=e)) for e in EVEN_SKIP]
+
+    print(f"{args.recipe}: {len(batch)} prompt batches x {args.candidates} candidates, {steps} steps, "
+          f"G={group}; baseline = full steps (every model call computed)")
+    head = (f"{'mode':<26}{'calls':>7}{'vs full':>9}{'blocks':>8}{'vs full':>9}{'cpu s':>8}{'vs full':>9}"
+            f"{'spearman':>10}{'kept':>7}{'spread':>8}")
+    print(head)
+    print("-" * len(head))
+    print(f"{'full steps (baseline)':<26}{calls0:>7}{1:>8.3f}x{blocks0:>8}{1:>8.3f}x{sec0:>8.2f}{1:>8.3f}x"
+          f"{1:>10.3f}{1:>7.2f}{1:>8.3f}")
+    for name, kw in modes:
+        scores, calls, blocks, sec = explore(model, recipe, reward, batch, **kw)
+        rho, per = rank_consistency(scores, full)
+        kept, spread = selection(batch, full, scores, group)
+        print(f"{name:<26}{calls:>7}{calls / calls0:>8.3f}x{blocks:>8}{blocks / blocks0:>8.3f}x{sec:>8.2f}"
+              f"{sec / sec0:>8.3f}x{rho:>10.3f}{kept:>7.2f}{spread:>8.3f}")
+    print("calls: model calls that ran every block; blocks: transformer-block forwards; spearman: mean over\n"
+          "prompts vs full-step rewards; kept: share of the full-step G/2+G/2 selection chosen; spread:\n"
+          "full-step reward std of the chosen group / that of the full-step selection")
+
+
+if __name__ == "__main__":
+    main()
