@@ -4,6 +4,7 @@
     spotlight run my.toml grpo.lr=5e-5 --resume
     spotlight pretrain --minutes 25 --out spotlight/assets/base.safetensors
     spotlight eval --checkpoint runs/tiny/checkpoints/iter_0060.safetensors
+    spotlight export --checkpoint runs/tiny/checkpoints/iter_0060.safetensors --out exported/tiny
     spotlight keys --out keys --name controller
     spotlight reserved tiny --port 5555      # reserved side of a cluster run (launch/reserved.sh)
     spotlight agent --controller tcp://HOST:5555 --workers 2   # a spot node (launch/spot.sh)
@@ -81,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("overrides", nargs="*", help="section.field=value")
     ev.set_defaults(func=_eval)
 
+    exp = sub.add_parser("export", help="write a checkpoint as a diffusers model folder (+ LoRA adapter, text encoder)",
+                         description="Write a checkpoint for the ecosystem: transformer/ (diffusers save_pretrained), "
+                                     "lora/ (diffusers LoRA format, under LoRA), text_encoder/, tokenizer/, "
+                                     "spotlight.json (spotlight.export).")
+    exp.add_argument("--checkpoint", required=True, help="spotlight .safetensors (or builtin:base)")
+    exp.add_argument("--out", type=Path, required=True, help="folder to write")
+    exp.set_defaults(func=_export)
+
     keys = sub.add_parser("keys", help="make a CURVE key pair for authenticated TCP",
                           description="Write NAME.key (public) and NAME.key_secret (secret) into OUT.")
     keys.add_argument("--out", type=Path, default=Path("keys"))
@@ -143,6 +152,13 @@ def _eval(args) -> int:
     print(json.dumps({"checkpoint": args.checkpoint, "headline": result["eval_headline"],
                       "eval_reward": result["eval_reward"], "eval_reward_std": result["eval_reward_std"],
                       **suites, "fm_loss": result["fm_loss"], "samples": str(loop.out / "samples")}, indent=2))
+    return 0
+
+
+def _export(args) -> int:
+    from spotlight.export import export
+
+    print(json.dumps(export(args.checkpoint, args.out), indent=2))
     return 0
 
 

@@ -18,6 +18,9 @@ import torch
 from safetensors.torch import load_file
 
 from spotlight.cli import main
+from spotlight.data.scenes import VOCABULARY
+from spotlight.export import load_export
+from spotlight.models.dit import ModelConfig, build_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -84,3 +87,16 @@ def test_resume_is_bit_identical_and_eval_reproduces_the_run(tmp_path, capsys, f
     assert ev["eval_reward"] == final["eval_reward"]
     assert ev["ode_train"]["reward"] == final["eval_ode_train"]
     assert ev["sde_train"]["reward"] == final["eval_sde_train"]
+
+    # The trained checkpoint, exported, re-loads (diffusers folder + LoRA adapter) to its forward.
+    path = str(tmp_path / "whole" / ckpt)
+    exported = cli(capsys, "export", "--checkpoint", path, "--out", str(tmp_path / "x"))
+    assert (exported["lora"] == "lora") == bool(finetune) and exported["iteration"] == 3
+    trained = build_model(ModelConfig(checkpoint=path), VOCABULARY, merge_lora=False)
+    assert torch.equal(velocity(load_export(tmp_path / "x")), velocity(trained))
+
+
+def velocity(model) -> torch.Tensor:
+    x, t = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.tensor([0.8, 0.2])
+    with torch.no_grad():
+        return model.velocity(x, t, model.encode(["a red circle", "two blue squares"]))
