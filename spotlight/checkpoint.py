@@ -1,8 +1,10 @@
 """Run checkpoints for `--resume`: model weights and optimizer state, both as safetensors.
 
-`iter_NNNN.safetensors` holds the model (DiT + text encoder, LoRA weights included);
+`iter_NNNN.safetensors` holds the model (DiT + text encoder, LoRA weights included, the adapter's
+peft config in the metadata so `model.checkpoint` / `spotlight eval` can load it on its own);
 `iter_NNNN.optim.safetensors` holds AdamW's moments and step counts, flattened by parameter index.
-No pickle: optimizer state is tensors plus a JSON header in the file's metadata.
+No pickle: optimizer state is tensors plus a JSON header in the file's metadata. `spotlight export`
+(spotlight.export) turns a model file into a diffusers folder.
 """
 
 from __future__ import annotations
