@@ -57,7 +57,7 @@ def idle_runtime_cpu(seconds: float) -> float:
     from spotlight.actors.runtime import LocalRuntime
 
     with tempfile.TemporaryDirectory() as out:
-        recipe = load_recipe("tiny", [f'run.out_dir="{out}"', "run.spot_workers=0"])
+        recipe = load_recipe("tiny", [f'run.out_dir="{out}"', "runtime.spot_workers=0"])
         with LocalRuntime(recipe) as rt:
             pids = [*rt.pids(), os.getpid()]
             before = {p: cpu_s(p) for p in pids}

@@ -64,8 +64,8 @@ def recipe(args, mode: str, reserved: int, spot: int, out: str):
         *MODELS[args.model], *size, f"sampler.steps={args.steps}", "sampler.eval_steps=2",
         f"run.group_size={args.group}", f"explore.candidates={args.candidates}", f"run.iterations={args.iterations}",
         f"run.prompts_per_iteration={args.prompts}", "run.eval_every=1000", "run.eval_seeds=1",
-        "run.eval_samples=2", "run.checkpoint_every=1000", f'run.mode="{mode}"', f"run.reserved_workers={reserved}",
-        f"run.spot_workers={spot}", f"explore.enabled={str(args.explore).lower()}", f'run.out_dir="{out}"',
+        "run.eval_samples=2", "run.checkpoint_every=1000", f'run.mode="{mode}"', f"runtime.reserved_workers={reserved}",
+        f"runtime.spot_workers={spot}", f"explore.enabled={str(args.explore).lower()}", f'run.out_dir="{out}"',
         f'run.name="{mode}-{reserved}-{spot}"'])
 
 

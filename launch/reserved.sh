@@ -10,7 +10,7 @@ usage() {
 usage: launch/reserved.sh RECIPE [section.field=value ...] [--port PORT] [--host ADDR]
                           [--advertise HOST] [--keys DIR] [--resume] [--no-progress]
 
-  RECIPE         recipe file or built-in name (e.g. tiny); run.reserved_workers sets the local workers
+  RECIPE         recipe file or built-in name (e.g. tiny); runtime.reserved_workers sets the local workers
   --port PORT    controller port spot nodes connect to (default 5555)
   --host ADDR    interface to bind (default 0.0.0.0)
   --advertise H  host name or IP spot nodes reach this node by (default: this host's address)

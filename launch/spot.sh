@@ -15,6 +15,7 @@ usage: launch/spot.sh --controller tcp://HOST:PORT [--workers N] [--keys DIR]
                  http://169.254.169.254/latest/meta-data/spot/instance-action        (AWS)
                  http://metadata.google.internal/computeMetadata/v1/instance/preempted (GCP)
   --queue-lost-s S  leave when the reserved side's queue has not answered for S seconds (30)
+  --leave-s S ...   a node's own runtime knobs (see: spotlight agent --help; default: the run's [runtime])
 SIGTERM (how clouds deliver a spot notice) makes the node commit, release its leases and exit.
 USAGE
 }
@@ -26,7 +27,8 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --controller) CONTROLLER=${2:?--controller needs a value}; shift 2 ;;
     --workers) WORKERS=${2:?--workers needs a value}; shift 2 ;;
-    --keys|--metadata-url|--node-id|--metadata-poll-s|--queue-lost-s|--rpc-timeout-s|--log-level)
+    --keys|--metadata-url|--node-id|--metadata-poll-s|--queue-lost-s|--rpc-timeout-s|--log-level|\
+    --leave-s|--pull-wait-s|--request-timeout-s|--store-timeout-s|--worker-start-s)
       EXTRA+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "spot.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;

@@ -22,8 +22,7 @@ from spotlight.errors import SpotlightError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -41,6 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("spotlight: interrupted", file=sys.stderr)
         return 130
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Overrides may stand before or after options (`spotlight reserved tiny --port 5599
+    run.iterations=12`): argparse fills a positional list from one run of words only, so the
+    later ones come back unrecognized and join the list here."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and (not hasattr(args, "overrides") or any(x.startswith("-") or "=" not in x for x in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
@@ -101,10 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "and the trainer; spot nodes join with `spotlight agent --controller ...`.")
     res.add_argument("recipe", help="recipe file or built-in recipe name")
     res.add_argument("overrides", nargs="*", help="section.field=value")
-    res.add_argument("--host", default="0.0.0.0", help="interface to bind (default all)")
-    res.add_argument("--port", type=int, default=5555, help="controller port spot nodes connect to (0: any)")
-    res.add_argument("--advertise", default=None, help="host name/IP spot nodes reach this node by")
-    res.add_argument("--keys", default=None, help="CURVE folder: controller.key_secret + nodes/*.key")
+    from spotlight.actors.config import ServeConfig
+    from spotlight.actors.options import add_options
+
+    add_options(res, ServeConfig)
     res.add_argument("--resume", action="store_true")
     res.add_argument("--no-progress", action="store_true")
     res.set_defaults(func=_reserved)
@@ -173,20 +185,20 @@ def _sigterm_as_interrupt() -> None:
 
 
 def _reserved(args) -> int:
-    import socket
-
+    from spotlight.actors.config import ServeConfig
+    from spotlight.actors.options import given
     from spotlight.actors.runtime import LocalRuntime
     from spotlight.loop import Loop
     from spotlight.recipe import load_recipe
 
     _sigterm_as_interrupt()
-    recipe = load_recipe(args.recipe, [*args.overrides, 'run.mode="runtime"'])
-    advertise = args.advertise or (args.host if args.host != "0.0.0.0" else socket.gethostbyname(socket.gethostname()))
-    with LocalRuntime(recipe, transport="tcp", host=args.host, advertise=advertise, controller_port=args.port,
-                      spot_workers=0, curve_keys=args.keys) as rt:
+    # No local spot workers unless asked for; the actors serve on TCP for spot nodes elsewhere.
+    recipe = load_recipe(args.recipe, ["runtime.spot_workers=0", *args.overrides, 'run.mode="runtime"',
+                                       'runtime.transport="tcp"'])
+    with LocalRuntime(recipe, serve=ServeConfig(**given(args, ServeConfig))) as rt:
         print(f"controller listening on {rt.endpoint}\nspot nodes join with: launch/spot.sh --controller "
               f"{rt.endpoint}", flush=True)
-        summary = Loop(recipe, executor_factory=rt.executor, resume=args.resume, progress=not args.no_progress).run()
+        summary = Loop(recipe, executor=rt.executor, resume=args.resume, progress=not args.no_progress).run()
     print(json.dumps(summary, indent=2))
     return 0
 

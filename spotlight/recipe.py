@@ -1,9 +1,10 @@
 """Recipes: a run's whole configuration, loaded from a TOML file a user copies and edits.
 
 A recipe is a set of sections, each the small config dataclass of the component it configures
-(`[model]` → ModelConfig, `[sampler]` → SamplerConfig, `[grpo]` → GRPOConfig, ...), plus
-command-line overrides `section.field=value`. Unknown sections or fields and impossible values
-raise one ConfigError naming the field (and, for files, the path).
+(`[model]` → ModelConfig, `[sampler]` → SamplerConfig, `[grpo]` → GRPOConfig, `[runtime]` →
+spotlight.actors.config.RuntimeConfig, ...), plus command-line overrides `section.field=value`.
+Unknown sections or fields and impossible values raise one ConfigError naming the field (and, for
+files, the path).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
+from spotlight.actors.config import RuntimeConfig
 from spotlight.errors import ConfigError, NotFound
 from spotlight.models.dit import ModelConfig
 from spotlight.policy.grpo import GRPOConfig
@@ -50,11 +52,7 @@ class RunConfig:
     out_dir: str = "runs"
     checkpoint_every: int = 10
     mode: str = "in-process"
-    """'in-process' (the reference loop) or 'runtime' (actors in local processes)."""
-    spot_workers: int = 2
-    """Local "spot" worker processes `spotlight run` starts in runtime mode."""
-    reserved_workers: int = 1
-    """Worker processes on the reserved node (0: it only trains; the work waits for spot nodes)."""
+    """'in-process' (the reference loop) or 'runtime' (actors in local processes; ``[runtime]``)."""
 
     def __post_init__(self) -> None:
         for name in ("iterations", "prompts_per_iteration", "group_size", "eval_every", "eval_seeds",
@@ -63,9 +61,6 @@ class RunConfig:
                 raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
         if self.group_size < 2:
             raise ConfigError(f"run.group_size must be >= 2 (GRPO needs a group), got {self.group_size}")
-        for name in ("spot_workers", "reserved_workers"):  # 0 reserved: a train-only reserved node
-            if getattr(self, name) < 0:
-                raise ConfigError(f"run.{name} must be >= 0, got {getattr(self, name)}")
         if self.minutes is not None and self.minutes <= 0:
             raise ConfigError(f"run.minutes must be > 0, got {self.minutes}")
         if self.mode not in ("in-process", "runtime"):
@@ -79,6 +74,7 @@ class Recipe:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     explore: ExploreConfig = field(default_factory=ExploreConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
 
     def __post_init__(self) -> None:

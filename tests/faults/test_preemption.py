@@ -146,6 +146,7 @@ def metadata():
     thread.start()
     FakeMetadata.notice.update(aws=False, gcp=False)
     yield f"http://127.0.0.1:{server.server_port}", FakeMetadata.notice
+    server.server_close()
     server.shutdown()
     thread.join(5)
 

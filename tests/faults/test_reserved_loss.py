@@ -23,7 +23,8 @@ async def test_agent_leaves_when_the_queue_is_gone(tmp_path: Path, spawn) -> Non
     queue, q_ep = await spawn("spotlight.actors.queue", "--bind", f"ipc://{tmp_path}/q.sock", ready="ready ")
     _, s_ep = await spawn("spotlight.actors.store", "--bind", f"ipc://{tmp_path}/s.sock",
                           ready="tensor store ready on ")
-    core = ControllerCore(load_recipe("tiny", TINY), q_ep, s_ep, lease_s=5.0)
+    recipe = load_recipe("tiny", [*TINY, "runtime.lease_s=5", "runtime.heartbeat_s=1"])
+    core = ControllerCore(recipe, q_ep, s_ep)
     async with RpcServer(controller_handlers(core), bind=f"ipc://{tmp_path}/c.sock") as controller:
         agent, _ = await spawn("spotlight.actors.node", "--controller", controller.endpoint,
                                "--queue-lost-s", "1", "--rpc-timeout-s", "0.5", ready="agent ready ")

@@ -128,6 +128,8 @@ def test_spot_agent_with_its_own_keys_runs_a_rollout_over_tcp(keys, tmp_path: Pa
         finally:
             agent.send_signal(signal.SIGTERM)
             assert agent.wait(10) == 0
+            agent.stdout.close()
+            agent.stderr.close()
         assert "spot-1" not in rt.controller.core.nodes  # it deregistered (answered) before it exited
         pids = rt.pids()
     assert [p for p in pids if alive(p)] == []

@@ -45,7 +45,7 @@ TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_
         "model.patch=4", "model.text_dim=32", "model.text_layers=1", f"sampler.steps={STEPS}", "sampler.sde_steps=2",
         "sampler.eval_steps=4", "sampler.noise_patch=4", f"run.prompts_per_iteration={PROMPTS}",
         f"run.group_size={GROUP}", "explore.enabled=false", "run.eval_seeds=1", "run.eval_samples=1",
-        "run.reserved_workers=0"]  # the reserved host only trains: every rollout is the spot host's
+        "runtime.reserved_workers=0"]  # the reserved host only trains: every rollout is the spot host's
 START_S = 120.0  # a process's readiness line (2 cores: torch imports in several processes at once)
 LEAVE_S = 5.0  # SIGTERM to exit, for a spot agent whose reserved host is already gone
 _ids = count()

@@ -28,8 +28,13 @@ def test_builtin_recipe_loads_with_overrides():
     ("grpo.lr=\"fast\"", "grpo.lr"),
     ("model.dit_class=\"UNet2DModel\"", "model.dit_class"),
     ("run.mode=\"cloud\"", "run.mode"),
-    ("run.reserved_workers=-1", "run.reserved_workers"),
-    ("run.spot_workers=-2", "run.spot_workers"),
+    ("runtime.reserved_workers=-1", "runtime.reserved_workers"),
+    ("runtime.spot_workers=-2", "runtime.spot_workers"),
+    ("runtime.heartbeat_s=30", "runtime.heartbeat_s"),  # not < the 30 s lease
+    ("runtime.leave_s=0", "runtime.leave_s"),
+    ("runtime.transport=\"udp\"", "runtime.transport"),
+    ("runtime.max_attempts=0", "runtime.max_attempts"),
+    ("runtime.store_keep_versions=0", "runtime.store_keep_versions"),
 ])
 def test_bad_recipe_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -39,10 +44,11 @@ def test_bad_recipe_values_name_the_field(override, field):
 def test_runtime_on_one_machine_needs_a_worker():
     from spotlight import Experiment
 
-    recipe = load_recipe("tiny", ['run.mode="runtime"', "run.reserved_workers=0", "run.spot_workers=0"])
+    recipe = load_recipe("tiny", ['run.mode="runtime"', "runtime.reserved_workers=0", "runtime.spot_workers=0"])
     with pytest.raises(ConfigError, match="needs a worker"):  # before any process starts
         Experiment(recipe).run(progress=False)
-    assert load_recipe("tiny", ["run.reserved_workers=0"]).run.reserved_workers == 0  # a train-only reserved node
+    # a train-only reserved node
+    assert load_recipe("tiny", ["runtime.reserved_workers=0"]).runtime.reserved_workers == 0
 
 
 def test_bad_recipe_file(tmp_path):

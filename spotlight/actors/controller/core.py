@@ -1,13 +1,15 @@
 """The controller: the reserved side's node registry and the Loop's executor over the runtime.
 
 - ``ControllerCore``: which nodes are registered; answers a node's Register with the queue and
-  tensor-store addresses, the lease length and the recipe (so a spot node needs only the
-  controller's address). ``controller_handlers`` is its message API.
+  tensor-store addresses, the lease length and the recipe, whose ``runtime`` section holds every
+  runtime knob (so a spot node needs only the controller's address). ``controller_handlers``
+  is its message API.
 - ``Controller``: the async shell: the controller's ``RpcServer`` plus open queue and store
   clients (CURVE on both sides when keys are given).
 - ``BackgroundLoop``: the trainer (``Loop``) is synchronous torch code on the main thread, so the
-  controller's sockets live on an asyncio loop in one background thread; ``call`` hands it a
-  coroutine and waits for the result under a timeout.
+  controller's sockets live on an asyncio loop in one background thread; ``submit`` hands it a
+  coroutine (``call`` also waits for the result), and ``fail`` makes every call raise at once
+  when a supervisor sees an actor die.
 - ``RuntimeExecutor``: the ``loop.Executor`` over the queue: one request per job (a job is one
   batch, never split, so samples are bit-identical to the in-process reference), wait for the
   batch, read trajectories from the store and build ``Group``s in job order; ``publish`` puts
@@ -32,11 +34,12 @@ log = logging.getLogger(__name__)
 
 
 class ControllerCore:
-    """The node registry; ``queue``/``store`` are the addresses nodes are told to use."""
+    """The node registry; ``queue``/``store`` are the addresses nodes are told to use. A node
+    learns the run's runtime knobs (``[runtime]``: lease, heartbeat, timeouts) from the recipe."""
 
-    def __init__(self, recipe: Recipe, queue: str, store: str, lease_s: float) -> None:
+    def __init__(self, recipe: Recipe, queue: str, store: str) -> None:
         self.recipe_dict = recipe.to_dict()
-        self.queue, self.store, self.lease_s = queue, store, lease_s
+        self.queue, self.store, self.lease_s = queue, store, recipe.runtime.lease_s
         self.nodes: dict[str, dict[str, Any]] = {}
         self.left: list[dict[str, Any]] = []
 

@@ -17,18 +17,19 @@ from spotlight.actors.queue.client import QueueClient
 from spotlight.actors.store.client import TensorStoreClient
 from spotlight.comm.auth import CurveClientKeys, CurveServerKeys
 from spotlight.comm.transport import RpcClient, RpcServer
-from spotlight.errors import ActorTimeout
+from spotlight.errors import ActorDead, ActorTimeout
 
 log = logging.getLogger(__name__)
 
 
 class Controller:
-    """``async with Controller(core, bind=..., queue=..., store=...) as ctl``: the controller's
-    server plus open clients of the queue (``ctl.queue``) and the store (``ctl.store``)."""
+    """``async with Controller(core, bind=..., queue=..., store=..., timeout=...) as ctl``: the
+    controller's server plus open clients of the queue (``ctl.queue``) and the store
+    (``ctl.store``), whose replies wait up to ``timeout``."""
 
     def __init__(self, core: ControllerCore, *, bind: str, queue: str, store: str,
-                 curve: CurveServerKeys | None = None, client_curve: CurveClientKeys | None = None,
-                 timeout: float = 30.0) -> None:
+                 timeout: float, curve: CurveServerKeys | None = None,
+                 client_curve: CurveClientKeys | None = None) -> None:
         self.core, self._bind, self._curve, self._client_curve = core, bind, curve, client_curve
         self._queue_ep, self._store_ep, self._timeout = queue, store, timeout
         self._stack = contextlib.AsyncExitStack()
@@ -54,17 +55,26 @@ class Controller:
 
 
 class BackgroundLoop:
-    """An asyncio loop in a daemon thread running ``main(ready)`` until ``close``.
+    """An asyncio loop in a daemon thread running ``main()`` until ``close``.
 
-    ``main`` is an async context factory: whatever it yields is ``value``; leaving it is
-    the shutdown. ``call(coro, timeout)`` runs a coroutine on that loop from another thread.
+    ``main`` is an async context factory: whatever it yields is ``value``; leaving it is the
+    shutdown. From other threads, ``submit(coro)`` starts a coroutine on the loop and returns a
+    ``concurrent.futures.Future`` at once; ``call(coro, timeout)`` waits for it. ``fail(exc)``
+    (a supervisor saw an actor die) makes every pending and every later future raise ``exc`` at
+    once, as does the loop's own death (``ActorDead``) and ``close``.
     """
 
-    def __init__(self, main: Callable[[], contextlib.AbstractAsyncContextManager], start_timeout: float = 60.0):
+    def __init__(self, main: Callable[[], contextlib.AbstractAsyncContextManager],
+                 start_timeout: float) -> None:
         self._main, self._stop = main, None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._ready: concurrent.futures.Future = concurrent.futures.Future()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="controller-loop", daemon=True)
+        self._lock = threading.RLock()  # guards _failure and _pending; settles futures under it
+        self._failure: BaseException | None = None
+        # Futures handed out -> the loop's futures behind them.
+        self._pending: dict[concurrent.futures.Future, concurrent.futures.Future] = {}
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="controller-loop",
+                                        daemon=True)
         self._thread.start()
         self.value = self._ready.result(start_timeout)  # raises what startup raised
 
@@ -74,23 +84,76 @@ class BackgroundLoop:
             async with self._main() as value:
                 self._ready.set_result(value)
                 await self._stop.wait()
-        except BaseException as e:
+        except BaseException as e:  # handed on (to start-up's caller, or to every call), not re-raised
             if not self._ready.done():
                 self._ready.set_exception(e)
             else:
                 log.error("controller loop failed", exc_info=e)
-            raise
+                self.fail(ActorDead(f"the controller loop failed: {e!r}"))  # before its tasks are cancelled
+        finally:
+            self.fail(ActorDead("the controller loop is closed"))  # no-op when it failed first
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What ``fail`` was given (or why the loop ended); None while it serves."""
+        return self._failure
+
+    def submit(self, coro: Coroutine) -> concurrent.futures.Future:
+        """Start ``coro`` on the loop; its future at once (a handle to wait on later)."""
+        assert self.loop is not None
+        out: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._failure is not None:
+                coro.close()
+                out.set_exception(self._failure)
+                return out
+            inner = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            self._pending[out] = inner
+
+        def settle(_: concurrent.futures.Future) -> None:
+            with self._lock:
+                if self._pending.pop(out, None) is None or out.done():  # failed (or cancelled) first
+                    return
+                if inner.cancelled():
+                    out.cancel()
+                elif inner.exception() is not None:
+                    out.set_exception(inner.exception())
+                else:
+                    out.set_result(inner.result())
+
+        def cancel_inner(_: concurrent.futures.Future) -> None:
+            if out.cancelled():
+                inner.cancel()
+
+        out.add_done_callback(cancel_inner)
+        inner.add_done_callback(settle)
+        return out
 
     def call(self, coro: Coroutine, timeout: float) -> Any:
-        assert self.loop is not None
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        """``submit(coro)`` and wait for its result (``ActorTimeout`` after ``timeout``)."""
+        fut = self.submit(coro)
         try:
             return fut.result(timeout)
         except concurrent.futures.TimeoutError:
             fut.cancel()
             raise ActorTimeout(f"controller call did not finish within {timeout}s") from None
 
-    def close(self, timeout: float = 30.0) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """Every pending future, and every later ``submit``/``call``, raises ``exc`` now; the
+        coroutines behind the pending ones are cancelled. The first failure sticks."""
+        with self._lock:
+            if self._failure is not None:
+                return
+            self._failure = exc
+            pending, self._pending = self._pending, {}
+            for out, inner in pending.items():
+                if not out.done():
+                    out.set_exception(exc)
+                inner.cancel()
+
+    def close(self, timeout: float) -> None:
+        """Leave ``main`` (its cleanup runs on the loop) and join the thread for up to ``timeout``."""
         if self.loop is not None and self._thread.is_alive():
-            self.loop.call_soon_threadsafe(self._stop.set)
+            with contextlib.suppress(RuntimeError):  # "Event loop is closed": it has ended already
+                self.loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout)

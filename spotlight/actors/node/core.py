@@ -10,7 +10,7 @@
 - A spot notice (SIGTERM, or a polled metadata URL in the AWS ``spot/instance-action`` or GCP
   ``instance/preempted`` form) makes the agent leave: every busy worker finishes its current step
   and flushes its commit, every lease is released, workers are stopped, the agent exits — within
-  ``AgentConfig.leave_s``. SIGINT is the same clean exit.
+  ``runtime.leave_s`` (``spotlight.actors.config``). SIGINT is the same clean exit.
 - ``main``: the process shell (``python -m spotlight.actors.node`` / ``spotlight agent``).
 
 Every task is owned by a TaskGroup, every remote await has a timeout, and workers die with the
@@ -22,6 +22,7 @@ This module knows leases, processes and notices; it knows nothing of models or t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -30,8 +31,11 @@ import socket
 import tempfile
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from spotlight.actors.config import NODE_FIELDS, RuntimeConfig
+from spotlight.actors.procs import announce_ready
 from spotlight.actors.queue.client import QueueClient
 from spotlight.actors.worker.client import WorkerHandle
 from spotlight.comm import messages as m
@@ -39,6 +43,7 @@ from spotlight.comm.auth import cluster_client_keys
 from spotlight.comm.transport import RpcClient
 from spotlight.errors import (
     ActorTimeout,
+    ConfigError,
     NotFound,
     Preempted,
     SpotlightError,
@@ -54,6 +59,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(kw_only=True, slots=True)
 class AgentConfig:
+    """One node agent: where it joins, what it runs. Its timing knobs are the run's ``[runtime]``
+    (``RuntimeConfig``), which the controller sends at registration; ``runtime`` overrides the
+    ones a node may set for itself (``NODE_FIELDS``: timeouts, the leave budget, polls)."""
+
     controller: str
     """Controller endpoint (tcp://HOST:PORT or ipc://PATH)."""
     workers: int = 1
@@ -61,36 +70,28 @@ class AgentConfig:
     kind: str = "spot"
     """'reserved' or 'spot' (reported to the controller)."""
     node_id: str = ""
-    """Defaults to hostname-pid."""
+    """This node's name in the run (default: hostname-pid)."""
     metadata_url: str | None = None
     """Spot-notice URL to poll (AWS .../spot/instance-action or GCP .../instance/preempted)."""
-    metadata_poll_s: float = 2.0
-    pull_wait_s: float = 0.5
-    """Long-poll length; also bounds how long a leaving agent waits for its pulls to return."""
-    leave_s: float = 2.0
-    """Budget from notice to exit."""
-    run_timeout_s: float = 3600.0
-    """Longest one request may run on a worker before it is considered hung."""
-    rpc_timeout_s: float = 10.0
-    worker_start_s: float = 120.0
-    queue_lost_s: float = 30.0
-    """The queue unreachable this long (every pull timing out): the reserved side is gone; leave."""
     keys: str | None = None
-    """CURVE folder: this node's `node.key_secret` and the reserved side's `controller.key`
-    (``spotlight.comm.auth.cluster_client_keys``); used for the controller, queue and store."""
+    """CURVE folder: this node's node.key_secret and the reserved side's controller.key (used for
+    the controller, the queue and the store)."""
+    runtime: dict[str, Any] = field(default_factory=dict)
+    """This node's own values of ``RuntimeConfig`` fields named in ``NODE_FIELDS``."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
-            raise ValueError(f"AgentConfig.workers must be >= 1, got {self.workers}")
+            raise ConfigError(f"AgentConfig.workers must be >= 1, got {self.workers}")
         if self.kind not in ("reserved", "spot"):
-            raise ValueError(f"AgentConfig.kind must be 'reserved' or 'spot', got {self.kind!r}")
-        for name in ("metadata_poll_s", "pull_wait_s", "leave_s", "run_timeout_s", "rpc_timeout_s", "queue_lost_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"AgentConfig.{name} must be > 0, got {getattr(self, name)}")
+            raise ConfigError(f"AgentConfig.kind must be 'reserved' or 'spot', got {self.kind!r}")
+        if unknown := set(self.runtime) - set(NODE_FIELDS):
+            raise ConfigError(f"AgentConfig.runtime: a node cannot set {sorted(unknown)}; "
+                              f"it may set {', '.join(NODE_FIELDS)}")
+        RuntimeConfig(**self.runtime)  # validated now, not at registration
         self.node_id = self.node_id or f"{socket.gethostname()}-{os.getpid()}"
 
 
-def spot_notice(url: str, timeout: float = 1.0) -> str | None:
+def spot_notice(url: str, timeout: float) -> str | None:
     """Poll a metadata endpoint once; the notice text, or None. AWS: 200 + JSON body is a
     notice, 404 is none. GCP: body "TRUE" is a notice ("FALSE" none). Unreachable = none."""
     req = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})  # GCP requires it
@@ -120,6 +121,8 @@ class NodeAgent:
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self.runtime = RuntimeConfig(**config.runtime)
+        """The runtime knobs in force: the run's (from registration) with this node's overrides."""
         self.leaving = asyncio.Event()
         self.workers: list[WorkerHandle] = []
         self.busy: dict[str, m.LeaseGrant] = {}  # worker_id -> the lease it runs
@@ -138,23 +141,27 @@ class NodeAgent:
         sock_dir = tempfile.mkdtemp(prefix="spl-agent-")
         try:
             curve = cluster_client_keys(c.keys) if c.keys else None
-            async with RpcClient(c.controller, timeout=c.rpc_timeout_s, curve=curve) as ctl:
+            async with RpcClient(c.controller, timeout=self.runtime.rpc_timeout_s, curve=curve) as ctl:
                 reg = await ctl.call(m.Register(node_id=c.node_id, kind=c.kind, workers=c.workers))
-                self.lease_s, self.store, self.recipe = reg.lease_s, reg.store, reg.recipe
+                self.runtime = RuntimeConfig(**{**reg.recipe.get("runtime", {}), **c.runtime})
+                # Workers run by the same knobs (their leave share, their store timeout).
+                self.store = reg.store
+                self.recipe = {**reg.recipe, "runtime": dataclasses.asdict(self.runtime)}
                 self._last_contact = asyncio.get_running_loop().time()
-                async with RpcClient(reg.queue, timeout=c.rpc_timeout_s, curve=curve) as qrpc:
+                async with RpcClient(reg.queue, timeout=self.runtime.rpc_timeout_s, curve=curve) as qrpc:
                     self.queue = QueueClient.remote(qrpc)
                     self.workers = [WorkerHandle(i, c.node_id, sock_dir) for i in range(c.workers)]
                     try:
                         async with asyncio.TaskGroup() as tg:
                             for h in self.workers:
                                 tg.create_task(self._start(h))
-                        print(f"agent ready {c.node_id} workers={c.workers}", flush=True)
+                        announce_ready(f"agent ready {c.node_id} workers={c.workers}")
                         await self._serve(notice)
                     finally:
                         await self._stop_workers()
                 try:
-                    await ctl.call(m.Deregister(node_id=c.node_id, reason="leaving"), timeout=0.3)
+                    await ctl.call(m.Deregister(node_id=c.node_id, reason="leaving"),
+                                   timeout=self.runtime.deregister_s)
                 except SpotlightError as e:
                     log.info("deregister: %s", e)
         finally:
@@ -172,13 +179,13 @@ class NodeAgent:
                 watch.cancel()
             await self._leave()
             # Slots finish their pull (<= pull_wait_s) and release what it brought.
-            _, pending = await asyncio.wait(slots, timeout=c.pull_wait_s + c.rpc_timeout_s / 10)
+            _, pending = await asyncio.wait(slots, timeout=self.runtime.pull_return_s)
             for t in pending:
                 t.cancel()
 
     async def _leave(self) -> None:
         """Stop busy workers at a step boundary (their commits flushed), release every lease."""
-        budget = self.config.leave_s * 0.6
+        budget = self.runtime.worker_stop_s
 
         async def stop_one(h: WorkerHandle) -> None:
             try:
@@ -198,27 +205,29 @@ class NodeAgent:
     async def _stop_workers(self) -> None:
         async with asyncio.TaskGroup() as tg:
             for h in self.workers:
-                tg.create_task(h.stop(grace_s=self.config.leave_s * 0.2))
+                tg.create_task(h.stop(grace_s=self.runtime.worker_kill_s))
 
     async def _start(self, h: WorkerHandle) -> None:
-        c = self.config
-        await h.start(self.store, self.recipe, c.worker_start_s, c.rpc_timeout_s, c.keys)
+        rt = self.runtime
+        await h.start(self.store, self.recipe, rt.worker_start_s, rt.rpc_timeout_s, self.config.keys)
 
     # --- the pull loop -------------------------------------------------------------------------
     async def _slot(self, h: WorkerHandle) -> None:
-        c, q = self.config, self.queue
+        q = self.queue
         assert q is not None
         # Owns this slot's completes: each overlaps the next pull (one round trip per request saved).
         async with asyncio.TaskGroup() as completes:
             while not self.leaving.is_set():
                 if not h.alive:
-                    await h.stop(0.0)
+                    await h.kill()
                     self.stats["worker_deaths"] += 1
-                    log.warning("%s died (exit %s); restarting", h.worker_id, h.proc.returncode if h.proc else None)
+                    log.warning("%s died (exit %s); restarting", h.worker_id,
+                                h.proc.returncode if h.proc else None)
                     await self._start(h)
                     continue
                 try:
-                    lease = await q.pull(h.worker_id, ["rollout", "explore"], max_wait_s=c.pull_wait_s)
+                    lease = await q.pull(h.worker_id, ["rollout", "explore"],
+                                         max_wait_s=self.runtime.pull_wait_s)
                 except ActorTimeout as e:
                     self._queue_silent(e)
                     continue
@@ -235,13 +244,13 @@ class NodeAgent:
         side is gone (or cut off): leave cleanly instead of pulling forever."""
         now = asyncio.get_running_loop().time()
         log.warning("queue did not answer: %s", e)
-        if now - self._last_contact >= self.config.queue_lost_s and self.lost is None:
+        if now - self._last_contact >= self.runtime.queue_lost_s and self.lost is None:
             self.lost = f"the request queue has not answered for {now - self._last_contact:.0f}s; node left"
             log.error("%s", self.lost)
             assert self._notice is not None
             self._notice.set()
 
-    async def _complete(self, h: WorkerHandle, lease: m.LeaseGrant, result: dict) -> None:
+    async def _complete(self, h: WorkerHandle, lease: m.LeaseGrant, result: m.WorkResult) -> None:
         assert self.queue is not None
         try:
             await self.queue.complete(lease.request_id, lease.attempt, h.worker_id, result)
@@ -284,14 +293,14 @@ class NodeAgent:
                 except ActorTimeout as e:  # unreported: the lease expires and the request retries
                     log.warning("fail of %s: %s", lease.request_id, e)
                 if outcome == "timeout":
-                    await h.stop(0.0)  # hung: the slot restarts it
+                    await h.kill()  # hung: the slot restarts it
         finally:
             self.busy.pop(h.worker_id, None)
 
     async def _call_run(self, h: WorkerHandle, lease: m.LeaseGrant):
         """The worker's answer as (outcome, value), so a failure is data for the slot to act on."""
         try:
-            return "ok", await h.rpc.call(m.WorkerRun(lease=lease), timeout=self.config.run_timeout_s)
+            return "ok", await h.rpc.call(m.WorkerRun(lease=lease), timeout=self.runtime.request_timeout_s)
         except Preempted as e:
             return "preempted", e
         except ActorTimeout as e:
@@ -300,7 +309,7 @@ class NodeAgent:
             return "error", e
 
     async def _heartbeats(self, h: WorkerHandle, lease: m.LeaseGrant) -> None:
-        q, every = self.queue, lease.lease_s / 3
+        q, every = self.queue, self.runtime.heartbeat_s
         assert q is not None and h.rpc is not None
         while True:
             await asyncio.sleep(every)
@@ -330,12 +339,12 @@ class NodeAgent:
             log.info("release of %s: %s", lease.request_id, e)
 
     async def _watch_metadata(self, notice: asyncio.Event) -> None:
-        c = self.config
+        c, rt = self.config, self.runtime
         assert c.metadata_url is not None
         while True:
-            text = await asyncio.to_thread(spot_notice, c.metadata_url, min(1.0, c.metadata_poll_s))
+            text = await asyncio.to_thread(spot_notice, c.metadata_url, rt.metadata_timeout_s)
             if text is not None:
                 log.warning("spot notice from %s: %s", c.metadata_url, text)
                 notice.set()
                 return
-            await asyncio.sleep(c.metadata_poll_s)
+            await asyncio.sleep(rt.metadata_poll_s)

@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from spotlight.actors.config import DEFAULTS
 from spotlight.actors.store.core import Tensors, TensorStoreCore
 from spotlight.actors.store.service import StoreHandlers, host_id
 from spotlight.comm import messages as m
@@ -103,7 +104,8 @@ class TensorStoreClient:
     """Async client of a tensor store. Use as ``async with TensorStoreClient.remote(ep) as c:``."""
 
     def __init__(self, *, rpc: RpcClient | None = None, handlers: StoreHandlers | None = None,
-                 shm: bool | None = None, max_pending: int = 64, timeout: float = 30.0) -> None:
+                 shm: bool | None = None, max_pending: int = 64,
+                 timeout: float = DEFAULTS.store_timeout_s) -> None:
         if (rpc is None) == (handlers is None):
             raise ValueError("TensorStoreClient needs exactly one of rpc, handlers")
         if max_pending < 1:
@@ -129,7 +131,7 @@ class TensorStoreClient:
         return cls(handlers=StoreHandlers(core or TensorStoreCore()), **kw)
 
     @classmethod
-    def remote(cls, endpoint: str, *, timeout: float = 30.0, shm: bool | None = None,
+    def remote(cls, endpoint: str, *, timeout: float = DEFAULTS.store_timeout_s, shm: bool | None = None,
                curve: CurveClientKeys | None = None, **kw: Any) -> TensorStoreClient:
         """``shm``: None = use shared memory when the store turns out to be on this machine.
         ``curve``: client keys when the store serves with CURVE."""

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from spotlight.actors.options import add_options, given
+from spotlight.actors.procs import announce_ready, die_with_parent
 from spotlight.actors.store.core import TensorStoreConfig, TensorStoreCore
 from spotlight.comm import messages as m
 from spotlight.comm import shm as segments
@@ -240,7 +242,7 @@ class TensorStoreService:
     async def serve_until(self, stop: asyncio.Event) -> None:
         async with self:
             # The readiness line a launcher (or test) waits for instead of sleeping.
-            print(f"tensor store ready on {self.endpoint}", flush=True)
+            announce_ready(f"tensor store ready on {self.endpoint}")
             await stop.wait()
 
 
@@ -248,14 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spotlight.actors.store",
                                      description="Serve a Spotlight tensor store.")
     parser.add_argument("--bind", required=True, help="ZeroMQ address, e.g. tcp://0.0.0.0:5560")
-    parser.add_argument("--max-bytes", type=int, default=TensorStoreConfig().max_bytes)
-    parser.add_argument("--keep-versions", type=int, default=TensorStoreConfig().keep_versions)
+    add_options(parser, TensorStoreConfig)
     parser.add_argument("--no-shm", action="store_true", help="disable the shared-memory path")
     parser.add_argument("--keys", default=None, help="CURVE folder: controller.key_secret + nodes/*.key")
     args = parser.parse_args(argv)
+    die_with_parent(only_if_asked=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        config = TensorStoreConfig(max_bytes=args.max_bytes, keep_versions=args.keep_versions)
+        config = TensorStoreConfig(**given(args, TensorStoreConfig))
     except ValueError as e:
         parser.error(str(e))
 

@@ -1,5 +1,7 @@
 """The worker's client, as its node agent holds it: the worker process and the ipc ``RpcClient``
-that drives it (start and wait for readiness, stop with a grace period)."""
+that drives it (start and wait for readiness, stop with a grace period). The worker's stderr is
+the agent's (its log); after the readiness line its stdout is too (``procs.announce_ready``), so
+the pipe read here never fills."""
 
 from __future__ import annotations
 
@@ -43,26 +45,34 @@ class WorkerHandle:
             async with asyncio.timeout(timeout):
                 line = await self.proc.stdout.readline()
         except TimeoutError:
-            await self.stop(0.0)
+            await self.kill()
             raise ActorTimeout(f"worker {self.worker_id} not ready within {timeout}s") from None
         if not line.startswith(b"ready "):
-            await self.stop(0.0)
+            await self.kill()
             raise SpotlightError(f"worker {self.worker_id} failed to start (exit {self.proc.returncode})")
         self.rpc = RpcClient(self.endpoint, timeout=rpc_timeout)
         await self.rpc.__aenter__()
 
     async def stop(self, grace_s: float) -> None:
-        """SIGTERM (the worker finishes its step and flushes), SIGKILL after ``grace_s``."""
+        """SIGTERM (the worker finishes its step and flushes), SIGKILL after ``grace_s``;
+        returns once the process is reaped."""
+        if self.alive:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(grace_s):
+                    await self.proc.wait()
+            except TimeoutError:
+                pass
+        await self.kill()
+
+    async def kill(self) -> None:
+        """SIGKILL (a hung or dead worker) and reap; closes the client."""
         if self.rpc is not None:
             await self.rpc.close()
             self.rpc = None
-        if self.proc is None:
-            return
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
-            try:
-                async with asyncio.timeout(grace_s if grace_s > 0 else 5.0):
-                    await self.proc.wait()
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+        if self.alive:
+            assert self.proc is not None
+            self.proc.kill()
+        if self.proc is not None:
+            await self.proc.wait()  # SIGKILL cannot be caught: the kernel bounds this

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from spotlight.actors.procs import die_with_parent
+from spotlight.actors.procs import announce_ready, die_with_parent
 from spotlight.actors.store.client import TensorStoreClient
 from spotlight.actors.worker.core import WorkerCore
 from spotlight.comm import messages as m
@@ -41,14 +41,14 @@ async def serve(bind: str, store: str, recipe: Recipe, worker_id: str, step_dela
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     curve = cluster_client_keys(keys) if keys else None
-    async with TensorStoreClient.remote(store, curve=curve) as client:
+    async with TensorStoreClient.remote(store, timeout=recipe.runtime.store_timeout_s, curve=curve) as client:
         core = WorkerCore(recipe, client, worker_id=worker_id, step_delay_s=step_delay_s)
         try:
             async with RpcServer(worker_handlers(core), bind=bind) as server:
-                print(f"ready {server.endpoint}", flush=True)  # the agent waits for this line
+                announce_ready(f"ready {server.endpoint}")  # the agent waits for this line
                 await stop.wait()
                 try:  # SIGTERM is a notice too: finish the step, flush, then leave
-                    await core.stop(timeout=1.5)
+                    await core.stop()
                 except TimeoutError:
                     log.warning("worker stop: the running step did not finish in time")
         finally:
@@ -56,7 +56,9 @@ async def serve(bind: str, store: str, recipe: Recipe, worker_id: str, step_dela
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m spotlight.actors.worker", description="Serve a GPU worker.")
+    parser = argparse.ArgumentParser(prog="python -m spotlight.actors.worker",
+                                     description="Serve a GPU worker (the run's recipe, [runtime] "
+                                                 "included, comes from the node agent).")
     parser.add_argument("--bind", required=True, help="ipc:///path the node agent connects to")
     parser.add_argument("--store", required=True, help="tensor store endpoint")
     parser.add_argument("--recipe-json", required=True, help="the run's recipe as JSON (Recipe.to_dict())")

@@ -1,0 +1,164 @@
+"""Every knob of the actor runtime, in one place: ``RuntimeConfig`` is the recipe's ``[runtime]``
+section (lease, heartbeat, retries, store limits, timeouts, the leave budget, worker counts,
+transport); ``ServeConfig`` is where a reserved node serves spot nodes on other hosts.
+
+The process mains (``python -m spotlight.actors.<actor>``, ``spotlight agent``, ``spotlight
+reserved``) build their command-line options from these dataclasses (``spotlight.actors.options``:
+the field's type, default and docstring become the option), so no default is written twice.
+
+A value derived from another (a share of the leave budget, a poll's slack) is a property here,
+named and documented, never a literal at the place that uses it.
+
+This module knows configuration only; the actors read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from spotlight.actors.queue.core import QueueConfig
+from spotlight.actors.store.core import TensorStoreConfig
+from spotlight.errors import ConfigError
+
+_QUEUE, _STORE = QueueConfig(), TensorStoreConfig()  # the components' own defaults, not a copy
+
+
+@dataclass(kw_only=True, slots=True)
+class RuntimeConfig:
+    """The actor runtime of one run (``run.mode = "runtime"``, ``spotlight reserved``/``agent``)."""
+
+    transport: str = "ipc"
+    """'ipc' (every actor on this machine) or 'tcp' (spot nodes on other hosts join;
+    ``spotlight reserved`` sets it)."""
+    reserved_workers: int = 1
+    """Worker processes on the reserved node (0: it only trains; the work waits for spot nodes)."""
+    spot_workers: int = 2
+    """Local "spot" worker processes a one-machine run starts (its simulated spot node)."""
+    lease_s: float = _QUEUE.lease_s
+    """Lease length: a request whose worker sends no heartbeat for this long goes back to the queue."""
+    heartbeat_s: float = 10.0
+    """How often a node agent renews the lease of each running request (< lease_s)."""
+    max_attempts: int = _QUEUE.max_attempts
+    """Counted failures (expiries + fails) before a request is dead-lettered; releases don't count."""
+    store_max_bytes: int = _STORE.max_bytes
+    """Cap on the tensor bytes the store holds (commits, trajectories, weights)."""
+    store_keep_versions: int = _STORE.keep_versions
+    """Newest weights versions the store keeps (older, unpinned ones are dropped)."""
+    rpc_timeout_s: float = 10.0
+    """Reply timeout of a control call (agent to controller, queue and its workers)."""
+    store_timeout_s: float = 30.0
+    """Reply timeout of a tensor-store call, and of the controller's queue and store clients."""
+    call_timeout_s: float = 60.0
+    """Longest a trainer-side call on the controller's loop may take (publish, fetch, stats)."""
+    batch_timeout_s: float = 3600.0
+    """Longest the driver waits for one batch of work before it gives up."""
+    request_timeout_s: float = 3600.0
+    """Longest one request may run on a worker before the agent considers the worker hung."""
+    pull_wait_s: float = 0.5
+    """Long-poll length of a node agent's pull; also bounds how long a leaving agent waits for it."""
+    leave_s: float = 2.0
+    """A node's budget from a spot notice (SIGTERM, metadata) to exit: finish the step, flush the
+    commit, release the leases, stop the workers, deregister."""
+    queue_lost_s: float = 30.0
+    """A node agent whose queue has not answered for this long decides the reserved side is gone
+    and leaves."""
+    metadata_poll_s: float = 2.0
+    """How often a node agent polls its spot-notice metadata URL (when it has one)."""
+    service_start_s: float = 60.0
+    """Longest the queue, the store and the controller's loop may take to be ready."""
+    worker_start_s: float = 120.0
+    """Longest a worker process may take to be ready (import torch, build the model)."""
+    agent_start_s: float = 300.0
+    """Longest a local node agent may take to be ready (its workers start in parallel)."""
+    stop_grace_s: float = 10.0
+    """Shutdown: how long agents, services and the controller's loop get between the stop
+    request (SIGTERM) and SIGKILL."""
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("ipc", "tcp"):
+            raise ConfigError(f"runtime.transport must be 'ipc' or 'tcp', got {self.transport!r}")
+        for name in ("reserved_workers", "spot_workers"):  # 0 reserved: a train-only reserved node
+            if getattr(self, name) < 0:
+                raise ConfigError(f"runtime.{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_attempts < 1:
+            raise ConfigError(f"runtime.max_attempts must be >= 1, got {self.max_attempts}")
+        if self.store_max_bytes <= 0:
+            raise ConfigError(f"runtime.store_max_bytes must be > 0, got {self.store_max_bytes}")
+        if self.store_keep_versions < 1:
+            raise ConfigError(f"runtime.store_keep_versions must be >= 1, got {self.store_keep_versions}")
+        for f in dataclasses.fields(self):
+            if f.name.endswith("_s") and not getattr(self, f.name) > 0:
+                raise ConfigError(f"runtime.{f.name} must be > 0 seconds, got {getattr(self, f.name)}")
+        if not self.heartbeat_s < self.lease_s:
+            raise ConfigError(f"runtime.heartbeat_s must be < runtime.lease_s ({self.lease_s}), "
+                              f"got {self.heartbeat_s}")
+
+    # --- derived values ------------------------------------------------------------------------
+    @property
+    def worker_stop_s(self) -> float:
+        """Leaving: a busy worker's time to finish its step and flush its commit (60% of leave_s)."""
+        return 0.6 * self.leave_s
+
+    @property
+    def worker_kill_s(self) -> float:
+        """Leaving: a worker's time from SIGTERM to SIGKILL (20% of leave_s)."""
+        return 0.2 * self.leave_s
+
+    @property
+    def deregister_s(self) -> float:
+        """Leaving: the reply timeout of the goodbye to the controller (15% of leave_s; the three
+        shares leave 5% of the budget for the process to exit)."""
+        return 0.15 * self.leave_s
+
+    @property
+    def pull_return_s(self) -> float:
+        """Leaving: how long the agent waits for its in-flight long polls to come back (one
+        pull_wait_s plus a tenth of a reply timeout)."""
+        return self.pull_wait_s + self.rpc_timeout_s / 10
+
+    @property
+    def metadata_timeout_s(self) -> float:
+        """HTTP timeout of one metadata poll (the poll period, at most one second)."""
+        return min(1.0, self.metadata_poll_s)
+
+    def queue(self) -> QueueConfig:
+        """The request queue's config."""
+        return QueueConfig(lease_s=self.lease_s, max_attempts=self.max_attempts)
+
+    def store(self) -> TensorStoreConfig:
+        """The tensor store's config."""
+        return TensorStoreConfig(max_bytes=self.store_max_bytes, keep_versions=self.store_keep_versions)
+
+    def replace(self, **changes: Any) -> RuntimeConfig:
+        """A validated copy with ``changes``."""
+        return dataclasses.replace(self, **changes)
+
+
+DEFAULTS = RuntimeConfig()
+"""The defaults, for a client built outside a run (tests, tools); a run passes its own values."""
+
+NODE_FIELDS = ("rpc_timeout_s", "store_timeout_s", "request_timeout_s", "pull_wait_s", "leave_s",
+               "queue_lost_s", "metadata_poll_s", "worker_start_s")
+"""The ``RuntimeConfig`` fields a node agent may set for itself on its command line; every other
+field, and these when not given, come from the run's ``[runtime]`` (sent at registration)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ServeConfig:
+    """Where the reserved side serves when spot nodes on other hosts join (``runtime.transport =
+    "tcp"``; ``spotlight reserved``)."""
+
+    host: str = "0.0.0.0"
+    """Interface the queue, the tensor store and the controller bind (default: all)."""
+    port: int = 5555
+    """Controller port spot nodes connect to (0: any free port)."""
+    advertise: str | None = None
+    """Host name or IP spot nodes reach this node by (default: the host, or this machine's address)."""
+    keys: str | None = None
+    """CURVE folder: controller.key_secret + nodes/*.key; every reserved socket then authenticates."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port}")
