@@ -50,6 +50,10 @@ class ConfigError(Fatal, ValueError):
     """A recipe or config field is unknown or out of range; the message names the field."""
 
 
+class TraceError(ConfigError):
+    """A spot trace file is malformed; the message names the file, the line and what was expected."""
+
+
 class CapacityError(Fatal):
     """A bounded resource (e.g. the tensor store's memory cap) would be exceeded."""
 
