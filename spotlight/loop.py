@@ -81,7 +81,8 @@ class LocalExecutor:
 
     def explore(self, batch: str, jobs: list[m.ExploreWork]) -> Future[list[np.ndarray]]:
         s = self.recipe.sampler
-        return done_future(lambda: [work.explore(self.model, self._held(j), s, self.reward, self.shape) for j in jobs])
+        return done_future(lambda: [work.explore(self.model, self._held(j), s, self.reward, self.shape).rewards
+                                    for j in jobs])
 
     def rollout(self, batch: str, jobs: list[m.RolloutWork]) -> Future[list[Group]]:
         s = self.recipe.sampler
@@ -143,8 +144,8 @@ class Loop:
         if not e.enabled:
             return None
         cands = [candidate_seeds(r.seed, it, self.prompts.index(p), e.candidates) for p in prompts]
-        jobs = [m.ExploreWork(prompt=p, seeds=c, version=version, effective_steps=e.effective_steps, init_seed=i)
-                for p, c, i in zip(prompts, cands, inits)]
+        jobs = [m.ExploreWork(prompt=p, seeds=c, version=version, effective_steps=e.effective_steps,
+                              cache_threshold=e.cache_threshold, init_seed=i) for p, c, i in zip(prompts, cands, inits)]
         return cands, self.executor.explore(f"it{it}/explore", jobs)
 
     def select_seeds(self, it: int, prompts: list[str], explored: tuple[list[list[int]], Future] | None

@@ -22,12 +22,14 @@ This module knows the model, the sampler and the reward; nothing of queues, stor
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from spotlight.comm.messages import ExploreWork, RolloutWork
+from spotlight.policy.caching import step_cache
 from spotlight.policy.grpo import Group, add_lora
 from spotlight.policy.sampler import RolloutState, SamplerConfig, sample_policy, sde_advance, start
 from spotlight.rewards.base import to_uint8_images
@@ -58,14 +60,24 @@ def image_shape(recipe) -> tuple[int, int, int]:
     return (c.channels, c.image_size, c.image_size)
 
 
+@dataclass(slots=True)
+class Explored:
+    """An explore job's outcome: rewards [M] in seed order, and the DiT calls that ran every block."""
+
+    rewards: np.ndarray
+    model_calls: int
+
+
 @torch.no_grad()
-def explore(model, job: ExploreWork, sampler: SamplerConfig, reward, shape) -> np.ndarray:
-    """Rewards [M] of the job's candidate seeds, sampled with the rollout policy (``effective_steps``
-    model evaluations when step caching is on) from the group's shared x_1 when it has one."""
+def explore(model, job: ExploreWork, sampler: SamplerConfig, reward, shape) -> Explored:
+    """The job's candidate seeds scored: sampled with the rollout policy from the group's shared x_1
+    (when it has one), with the job's cheaper denoising (evenly spread ``effective_steps``, or
+    diffusers' first-block cache at ``cache_threshold``)."""
     prompts = [job.prompt] * len(job.seeds)
-    x = sample_policy(model, prompts, list(job.seeds), sampler, shape, effective_steps=job.effective_steps,
-                      init_seed=job.init_seed)
-    return np.asarray(reward(to_uint8_images(x), prompts), dtype=np.float32)
+    with step_cache(model, job.cache_threshold) as cached:
+        x = sample_policy(cached, prompts, list(job.seeds), sampler, shape, effective_steps=job.effective_steps,
+                          init_seed=job.init_seed)
+    return Explored(np.asarray(reward(to_uint8_images(x), prompts), dtype=np.float32), cached.stats.computed)
 
 
 class Rollout:

@@ -82,14 +82,16 @@ class ErrorReply(Message):
 @dataclass(kw_only=True, slots=True)
 class ExploreWork(Message):
     """Score candidate seeds of one prompt (one batch, never split): sample with the policy SDE at
-    weights ``version``, ``effective_steps`` model evaluations (step caching; None = all), and
-    reward each sample. ``init_seed``: the group's shared x_1 (sampler.shared_init), else None."""
+    weights ``version`` and reward each sample. Cheaper denoising: ``effective_steps`` evenly spread
+    model evaluations (None = all), or diffusers' first-block cache at ``cache_threshold`` (None =
+    off). ``init_seed``: the group's shared x_1 (sampler.shared_init), else None."""
 
     KIND: ClassVar[str] = "explore"
     prompt: str
     seeds: list[int]
     version: int
     effective_steps: int | None = None
+    cache_threshold: float | None = None
     init_seed: int | None = None
 
 
@@ -109,10 +111,12 @@ class RolloutWork(Message):
 @register("work.explored")
 @dataclass(kw_only=True, slots=True)
 class ExploreResult(Message):
-    """One reward per seed, in seed order; ``worker_s`` the time inside the worker, ``compute_s``
-    the part of it spent computing (the rest is the runtime's overhead)."""
+    """One reward per seed, in seed order; ``model_calls`` the DiT calls that ran every block;
+    ``worker_s`` the time inside the worker, ``compute_s`` the part of it spent computing (the
+    rest is the runtime's overhead)."""
 
     rewards: list[float]
+    model_calls: int = 0
     worker_s: float = 0.0
     compute_s: float = 0.0
 

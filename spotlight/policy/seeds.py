@@ -27,13 +27,20 @@ class ExploreConfig:
     candidates: int = 16
     """M: candidate seeds scored per prompt."""
     effective_steps: int | None = None
-    """E: model evaluations per exploration sample (step caching); None = all rollout steps."""
+    """E: model evaluations per exploration sample, evenly spread (naive step skipping); None = all
+    rollout steps."""
+    cache_threshold: float | None = None
+    """Step caching the field uses: diffusers' first-block cache at this threshold (the later
+    blocks are reused while the first block's residual changes less than this, relatively);
+    None = off. 0.2-0.5 on the tiny model (docs/BENCHMARKS.md, step caching)."""
 
     def __post_init__(self) -> None:
         if self.candidates < 2:
             raise ConfigError(f"explore.candidates must be >= 2, got {self.candidates}")
         if self.effective_steps is not None and self.effective_steps < 1:
             raise ConfigError(f"explore.effective_steps must be >= 1, got {self.effective_steps}")
+        if self.cache_threshold is not None and not 0 <= self.cache_threshold <= 1:
+            raise ConfigError(f"explore.cache_threshold must be in [0, 1], got {self.cache_threshold}")
 
 
 def candidate_seeds(run_seed: int, iteration: int, prompt_index: int, n: int, stream: int = 0) -> list[int]:

@@ -34,10 +34,11 @@ def run(tmp_path, mode: str, explore: bool, sampler: list[str]) -> tuple[Experim
     (True, []),
     (False, []),
     # Every sampler option the workers must honour: shared x_1, an SDE window, block noise.
-    (True, ["sampler.shared_init=true", "sampler.sde_steps=2", "sampler.noise_patch=2"]),
+    (True, ["sampler.shared_init=true", "sampler.sde_steps=2", "sampler.noise_patch=2", "explore.effective_steps=2"]),
     # LoRA (the workers build the adapter the trainer trains), the coefficients-preserving SDE and
-    # cached exploration steps.
-    (True, ['grpo.finetune="lora"', 'sampler.sde_type="cps"', "sampler.noise_patch=2", "explore.effective_steps=2"]),
+    # exploration through diffusers' first-block cache (which needs >= 2 blocks).
+    (True, ['grpo.finetune="lora"', 'sampler.sde_type="cps"', "sampler.noise_patch=2", "model.layers=2",
+            "explore.cache_threshold=1.0"]),  # 1.0: 2 of 3 calls reuse the cache
 ], ids=["explore", "random-seeds", "explore-shared-init-sde-window-block-noise", "explore-lora-cps-cached"])
 def test_runtime_matches_in_process_loop(tmp_path, monkeypatch, explore, sampler):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the workers' threads, as the in-process loop's

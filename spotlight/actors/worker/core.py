@@ -116,8 +116,9 @@ class WorkerCore:
 
     async def _explore(self, job: m.ExploreWork) -> m.ExploreResult:
         t0 = time.perf_counter()
-        rewards = work.explore(self.model, job, self.recipe.sampler, self.reward, self.shape)
-        return m.ExploreResult(rewards=[float(r) for r in rewards], compute_s=time.perf_counter() - t0)
+        explored = work.explore(self.model, job, self.recipe.sampler, self.reward, self.shape)
+        return m.ExploreResult(rewards=[float(r) for r in explored.rewards], model_calls=explored.model_calls,
+                               compute_s=time.perf_counter() - t0)
 
     async def _rollout(self, lease: m.LeaseGrant, job: m.RolloutWork) -> m.RolloutResult:
         rid = lease.request_id
