@@ -56,18 +56,18 @@ async def measure(endpoint: str, sizes_mb: list[int], reps: int) -> list[dict]:
             nbytes = mb << 20
             src = np.random.default_rng(mb).random(nbytes // 4, dtype=np.float32)
             dst = np.empty_like(src)
-            row = {"MB": mb, "memcpy": nbytes / median_time(lambda: np.copyto(dst, src), reps)}
+            row = {"MB": mb, "memcpy": nbytes / median_time(lambda d=dst, s=src: np.copyto(d, s), reps)}
             for name, client in (("tcp", tcp), ("shm", shm)):
                 key = f"bench/{name}/{mb}"
                 row[f"{name} put"] = nbytes / await amedian_time(
-                    lambda c=client, k=key: c.put(k, {"x": src}), reps)
+                    lambda c=client, k=key, s=src: c.put(k, {"x": s}), reps)
                 got = (await client.get(key))[0]["x"]
                 assert np.array_equal(got, src), f"{name}: round trip changed the data"
                 del got
                 row[f"{name} get"] = nbytes / await amedian_time(
                     lambda c=client, k=key: c.get(k), reps)
                 row[f"{name} get(out)"] = nbytes / await amedian_time(
-                    lambda c=client, k=key: c.get(k, out={"x": dst}), reps)
+                    lambda c=client, k=key, d=dst: c.get(k, out={"x": d}), reps)
                 assert np.array_equal(dst, src)
                 await client.delete(key)
             rows.append(row)
