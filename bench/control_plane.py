@@ -36,12 +36,20 @@ GOAL_P50_MS = 1.0
 
 
 def requests(prefix: str, n: int, iteration: int) -> list[m.WorkRequest]:
-    return [m.WorkRequest(request_id=f"{prefix}{i}", batch=str(iteration),
-                          work=(m.RolloutWork if i % 4 else m.ExploreWork)(prompt=f"p{i % 64}", seeds=[i], version=0))
-            for i in range(n)]
+    return [
+        m.WorkRequest(
+            request_id=f"{prefix}{i}",
+            batch=str(iteration),
+            work=(m.RolloutWork if i % 4 else m.ExploreWork)(prompt=f"p{i % 64}", seeds=[i], version=0),
+        )
+        for i in range(n)
+    ]
 
 
-RESULT = {"rollout": m.RolloutResult(key="traj/x", nbytes=1024, rewards=[0.5]), "explore": m.ExploreResult(rewards=[0.5])}
+RESULT = {
+    "rollout": m.RolloutResult(key="traj/x", nbytes=1024, rewards=[0.5]),
+    "explore": m.ExploreResult(rewards=[0.5]),
+}
 
 
 def bench_core(n: int) -> dict:
@@ -58,7 +66,7 @@ def bench_core(n: int) -> dict:
 async def submit_all(q: QueueClient, prefix: str, n: int, iteration: int) -> None:
     reqs = requests(prefix, n, iteration)
     for i in range(0, n, 2000):  # keep each Submit header well under the header limit
-        await q.submit(reqs[i:i + 2000])
+        await q.submit(reqs[i : i + 2000])
 
 
 async def unbatched(clients: list[QueueClient], n: int, iteration: int) -> dict:
@@ -82,9 +90,14 @@ async def batched(clients: list[QueueClient], n: int, batch: int, iteration: int
 
     async def worker(q: QueueClient, wid: str) -> None:
         while leases := await q.pull_many(wid, max_n=batch):
-            done = await q.complete_many([
-                m.Complete(request_id=g.request_id, attempt=g.attempt, worker_id=wid,
-                           result=RESULT[g.kind]) for g in leases])
+            done = await q.complete_many(
+                [
+                    m.Complete(
+                        request_id=g.request_id, attempt=g.attempt, worker_id=wid, result=RESULT[g.kind]
+                    )
+                    for g in leases
+                ]
+            )
             assert done.accepted == len(leases), done.rejected[:3]
 
     t0 = time.perf_counter()
@@ -108,8 +121,15 @@ async def pull_latency(q: QueueClient, n: int, iteration: int) -> tuple[float, f
 
 async def bench_transport(bind: str, args: argparse.Namespace) -> list[tuple]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "spotlight.actors.queue", "--bind", bind, "--lease-s", "600",
-        stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "spotlight.actors.queue",
+        "--bind",
+        bind,
+        "--lease-s",
+        "600",
+        stdout=asyncio.subprocess.PIPE,
+    )
     try:
         async with asyncio.timeout(30):
             endpoint = (await proc.stdout.readline()).decode().split()[1]
@@ -128,8 +148,10 @@ async def bench_transport(bind: str, args: argparse.Namespace) -> list[tuple]:
         proc.send_signal(signal.SIGTERM)
         await proc.wait()
     kind = bind.split(":")[0]
-    return [(kind, f"unbatched x{args.clients} clients", one, p50, p99),
-            (kind, f"batched {args.batch} x{args.clients} clients", many, None, None)]
+    return [
+        (kind, f"unbatched x{args.clients} clients", one, p50, p99),
+        (kind, f"batched {args.batch} x{args.clients} clients", many, None, None),
+    ]
 
 
 def main() -> None:
@@ -146,19 +168,30 @@ def main() -> None:
         for bind in (f"ipc://{tmp}/bench.ipc", "tcp://127.0.0.1:0"):
             rows += asyncio.run(bench_transport(bind, args))
 
-    print(f"control plane: queue service in a subprocess; goal >= {GOAL_LC_PER_S:,} "
-          f"lease+complete/s and p50 pull <= {GOAL_P50_MS} ms; baseline = in-process core")
-    head = (f"{'wire':5} {'mode':30} {'lease+compl/s':>13} {'x goal':>7} {'x base':>7} "
-            f"{'round trips/s':>13} {'p50 pull ms':>11} {'p99 pull ms':>11} {'p50 x goal':>10}")
+    print(
+        f"control plane: queue service in a subprocess; goal >= {GOAL_LC_PER_S:,} "
+        f"lease+complete/s and p50 pull <= {GOAL_P50_MS} ms; baseline = in-process core"
+    )
+    head = (
+        f"{'wire':5} {'mode':30} {'lease+compl/s':>13} {'x goal':>7} {'x base':>7} "
+        f"{'round trips/s':>13} {'p50 pull ms':>11} {'p99 pull ms':>11} {'p50 x goal':>10}"
+    )
     print(head)
     print("-" * len(head))
     for wire, mode, r, p50, p99 in rows:
-        lat = (f"{p50:11.3f} {p99:11.3f} {GOAL_P50_MS / p50:10.2f}" if p50 is not None
-               else f"{'':11} {'':11} {'':10}")
-        print(f"{wire:5} {mode:30} {r['lc']:13,.0f} {r['lc'] / GOAL_LC_PER_S:7.2f} "
-              f"{r['lc'] / base['lc']:7.3f} {r['ops']:13,.0f} {lat}")
-    print("round trips/s: unbatched = Pull+Heartbeat+Complete calls; batched = PullMany+CompleteMany;"
-          " baseline = core method calls. 'x goal' > 1 and 'p50 x goal' > 1 meet the goals.")
+        lat = (
+            f"{p50:11.3f} {p99:11.3f} {GOAL_P50_MS / p50:10.2f}"
+            if p50 is not None
+            else f"{'':11} {'':11} {'':10}"
+        )
+        print(
+            f"{wire:5} {mode:30} {r['lc']:13,.0f} {r['lc'] / GOAL_LC_PER_S:7.2f} "
+            f"{r['lc'] / base['lc']:7.3f} {r['ops']:13,.0f} {lat}"
+        )
+    print(
+        "round trips/s: unbatched = Pull+Heartbeat+Complete calls; batched = PullMany+CompleteMany;"
+        " baseline = core method calls. 'x goal' > 1 and 'p50 x goal' > 1 meet the goals."
+    )
 
 
 if __name__ == "__main__":

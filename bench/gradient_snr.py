@@ -27,8 +27,15 @@ from spotlight.recipe import load_recipe  # noqa: E402
 def gradient(loop: Loop, iteration: int) -> tuple[torch.Tensor, float]:
     prompts, r = loop.prompts, loop.recipe.run
     inits = loop.init_seeds(iteration, prompts)
-    jobs = [RolloutWork(prompt=p, seeds=candidate_seeds(r.seed, iteration, i, r.group_size), version=loop.version,
-                        init_seed=init) for i, (p, init) in enumerate(zip(prompts, inits))]
+    jobs = [
+        RolloutWork(
+            prompt=p,
+            seeds=candidate_seeds(r.seed, iteration, i, r.group_size),
+            version=loop.version,
+            init_seed=init,
+        )
+        for i, (p, init) in enumerate(zip(prompts, inits))
+    ]
     groups = loop.executor.rollout(f"snr{iteration}", jobs).result()
     tr = loop.trainer
     tr.opt.zero_grad(set_to_none=True)
@@ -47,12 +54,19 @@ def main() -> None:
     for it in range(3):
         g, spread = gradient(loop, 100 + it)
         grads.append(g)
-        print(f"batch {it}: {len(loop.prompts) * loop.recipe.run.group_size} samples, group spread {spread:.3f}, "
-              f"|grad| {float(g.norm()):.4f}")
-    cos = [float(torch.nn.functional.cosine_similarity(grads[i], grads[j], dim=0))
-           for i in range(3) for j in range(i + 1, 3)]
+        print(
+            f"batch {it}: {len(loop.prompts) * loop.recipe.run.group_size} samples, group spread {spread:.3f}, "
+            f"|grad| {float(g.norm()):.4f}"
+        )
+    cos = [
+        float(torch.nn.functional.cosine_similarity(grads[i], grads[j], dim=0))
+        for i in range(3)
+        for j in range(i + 1, 3)
+    ]
     print(f"overrides: {' '.join(overrides) or '-'}")
-    print(f"pairwise cosine of independent gradient estimates: {np.round(cos, 3).tolist()} (mean {np.mean(cos):.3f})")
+    print(
+        f"pairwise cosine of independent gradient estimates: {np.round(cos, 3).tolist()} (mean {np.mean(cos):.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -81,12 +81,17 @@ class LocalExecutor:
 
     def explore(self, batch: str, jobs: list[m.ExploreWork]) -> Future[list[np.ndarray]]:
         s = self.recipe.sampler
-        return done_future(lambda: [work.explore(self.model, self._held(j), s, self.reward, self.shape).rewards
-                                    for j in jobs])
+        return done_future(
+            lambda: [
+                work.explore(self.model, self._held(j), s, self.reward, self.shape).rewards for j in jobs
+            ]
+        )
 
     def rollout(self, batch: str, jobs: list[m.RolloutWork]) -> Future[list[Group]]:
         s = self.recipe.sampler
-        return done_future(lambda: [work.rollout(self.model, self._held(j), s, self.reward, self.shape) for j in jobs])
+        return done_future(
+            lambda: [work.rollout(self.model, self._held(j), s, self.reward, self.shape) for j in jobs]
+        )
 
     def publish(self, version: int, model) -> None:
         self.version = version  # the trainer updated this very model in place
@@ -98,8 +103,14 @@ class Loop:
     ``executor``: an ``ExecutorFactory`` (default: ``LocalExecutor``); it gets the trainer's
     model, the recipe and the weights version the run starts at, never the Loop itself."""
 
-    def __init__(self, recipe: Recipe, executor: ExecutorFactory | None = None, resume: bool = False,
-                 hooks: list[Callable[[dict], None]] | None = None, progress: bool = True):
+    def __init__(
+        self,
+        recipe: Recipe,
+        executor: ExecutorFactory | None = None,
+        resume: bool = False,
+        hooks: list[Callable[[dict], None]] | None = None,
+        progress: bool = True,
+    ):
         self.recipe, self.hooks, self.progress = recipe, list(hooks or []), progress
         r = recipe.run
         torch.manual_seed(r.seed)
@@ -112,8 +123,9 @@ class Loop:
         self.start_iteration = 0
         self.wall_offset = 0.0
         if resume:
-            self.start_iteration, self.wall_offset = checkpoint.load_latest(self.out / "checkpoints", self.model,
-                                                                           self.trainer)
+            self.start_iteration, self.wall_offset = checkpoint.load_latest(
+                self.out / "checkpoints", self.model, self.trainer
+            )
             self.metrics.truncate_after(self.start_iteration - 1)
         elif self.metrics.path.exists():
             self.metrics.path.unlink()  # a fresh run owns its folder's metrics
@@ -133,23 +145,36 @@ class Loop:
         """Each group's shared initial-noise seed when sampler.shared_init, else None."""
         if not self.recipe.sampler.shared_init:
             return [None] * len(prompts)
-        return [candidate_seeds(self.recipe.run.seed, it, self.prompts.index(p), 1, stream=INIT_STREAM)[0]
-                for p in prompts]
+        return [
+            candidate_seeds(self.recipe.run.seed, it, self.prompts.index(p), 1, stream=INIT_STREAM)[0]
+            for p in prompts
+        ]
 
-    def submit_explore(self, it: int, prompts: list[str], inits: list[int | None],
-                       version: int) -> tuple[list[list[int]], Future] | None:
+    def submit_explore(
+        self, it: int, prompts: list[str], inits: list[int | None], version: int
+    ) -> tuple[list[list[int]], Future] | None:
         """Iteration ``it``'s exploration at weights ``version``: the candidates and the handle of
         their scores; None when exploration is off (random seeds)."""
         r, e = self.recipe.run, self.recipe.explore
         if not e.enabled:
             return None
         cands = [candidate_seeds(r.seed, it, self.prompts.index(p), e.candidates) for p in prompts]
-        jobs = [m.ExploreWork(prompt=p, seeds=c, version=version, effective_steps=e.effective_steps,
-                              cache_threshold=e.cache_threshold, init_seed=i) for p, c, i in zip(prompts, cands, inits)]
+        jobs = [
+            m.ExploreWork(
+                prompt=p,
+                seeds=c,
+                version=version,
+                effective_steps=e.effective_steps,
+                cache_threshold=e.cache_threshold,
+                init_seed=i,
+            )
+            for p, c, i in zip(prompts, cands, inits)
+        ]
         return cands, self.executor.explore(f"it{it}/explore", jobs)
 
-    def select_seeds(self, it: int, prompts: list[str], explored: tuple[list[list[int]], Future] | None
-                     ) -> tuple[list[list[int]], dict]:
+    def select_seeds(
+        self, it: int, prompts: list[str], explored: tuple[list[list[int]], Future] | None
+    ) -> tuple[list[list[int]], dict]:
         """Each group's seeds: the contrast selection of the explored candidates, or random seeds."""
         r = self.recipe.run
         if explored is None:
@@ -157,9 +182,13 @@ class Loop:
         cands, handle = explored
         scores = handle.result()
         chosen = [select_contrast(c, s, r.group_size) for c, s in zip(cands, scores)]
-        spread = [float(np.std(np.asarray(s)[[c.index(x) for x in ch]])) for c, s, ch in zip(cands, scores, chosen)]
-        return chosen, {"explore_spread": float(np.mean(spread)),
-                        "explore_candidates_std": float(np.mean([np.std(s) for s in scores]))}
+        spread = [
+            float(np.std(np.asarray(s)[[c.index(x) for x in ch]])) for c, s, ch in zip(cands, scores, chosen)
+        ]
+        return chosen, {
+            "explore_spread": float(np.mean(spread)),
+            "explore_candidates_std": float(np.mean([np.std(s) for s in scores])),
+        }
 
     def step(self, it: int) -> dict:
         """One iteration in the serial schedule (explore, then rollout, then train, then publish),
@@ -167,10 +196,14 @@ class Loop:
         t0 = time.monotonic()
         prompts = self.iteration_prompts(it)
         inits = self.init_seeds(it, prompts)
-        seeds, explore_stats = self.select_seeds(it, prompts, self.submit_explore(it, prompts, inits, self.version))
+        seeds, explore_stats = self.select_seeds(
+            it, prompts, self.submit_explore(it, prompts, inits, self.version)
+        )
         t1 = time.monotonic()
-        jobs = [m.RolloutWork(prompt=p, seeds=s, version=self.version, init_seed=i)
-                for p, s, i in zip(prompts, seeds, inits)]
+        jobs = [
+            m.RolloutWork(prompt=p, seeds=s, version=self.version, init_seed=i)
+            for p, s, i in zip(prompts, seeds, inits)
+        ]
         groups = self.executor.rollout(f"it{it}/rollout", jobs).result()
         t2 = time.monotonic()
         train = self.trainer.update(groups)
@@ -178,10 +211,19 @@ class Loop:
         self.executor.publish(self.version, self.model)
         t3 = time.monotonic()
         rewards = torch.stack([g.rewards for g in groups])
-        return {"event": "iteration", "iteration": it, "version": self.version - 1,
-                "reward_mean": float(rewards.mean()), "group_spread": float(rewards.std(1, unbiased=False).mean()),
-                "rewards": [[round(float(x), 6) for x in g.rewards] for g in groups],
-                "explore_s": t1 - t0, "rollout_s": t2 - t1, "train_s": t3 - t2, **explore_stats, **train}
+        return {
+            "event": "iteration",
+            "iteration": it,
+            "version": self.version - 1,
+            "reward_mean": float(rewards.mean()),
+            "group_spread": float(rewards.std(1, unbiased=False).mean()),
+            "rewards": [[round(float(x), 6) for x in g.rewards] for g in groups],
+            "explore_s": t1 - t0,
+            "rollout_s": t2 - t1,
+            "train_s": t3 - t2,
+            **explore_stats,
+            **train,
+        }
 
     def evaluate(self, it: int, save_samples: bool = True) -> dict:
         """ODE on held-out prompts (the headline, `eval_reward`), ODE on training prompts, the SDE
@@ -203,7 +245,9 @@ class Loop:
         if self.start_iteration == 0:
             self.emit(self.evaluate(0), start)
         it = self.start_iteration
-        bar = tqdm(range(self.start_iteration, r.iterations), disable=not self.progress, desc=r.name, unit="it")
+        bar = tqdm(
+            range(self.start_iteration, r.iterations), disable=not self.progress, desc=r.name, unit="it"
+        )
         for it in bar:
             rec = self.step(it)
             self.emit(rec, start)
@@ -214,18 +258,30 @@ class Loop:
             if done % r.eval_every == 0 or last:
                 ev = self.evaluate(done)
                 self.emit(ev, start)
-                bar.write(f"iteration {done}: held-out ODE {ev['eval_reward']:.3f} ± {ev['eval_reward_std']:.3f}, "
-                          f"train ODE {ev['eval_ode_train']:.3f}, SDE {ev['eval_sde_train']:.3f}, "
-                          f"FM drift {ev.get('fm_drift', 0.0):+.1%}")
+                bar.write(
+                    f"iteration {done}: held-out ODE {ev['eval_reward']:.3f} ± {ev['eval_reward_std']:.3f}, "
+                    f"train ODE {ev['eval_ode_train']:.3f}, SDE {ev['eval_sde_train']:.3f}, "
+                    f"FM drift {ev.get('fm_drift', 0.0):+.1%}"
+                )
             if done % r.checkpoint_every == 0 or last:
-                checkpoint.save(self.out / "checkpoints", done, self.model, self.trainer,
-                                self.wall_offset + time.monotonic() - start)
+                checkpoint.save(
+                    self.out / "checkpoints",
+                    done,
+                    self.model,
+                    self.trainer,
+                    self.wall_offset + time.monotonic() - start,
+                )
             if out_of_time:
                 break
         bar.close()
         records = self.metrics.read()
         plot_rewards(records, self.out / "reward.png")
         evals = [x for x in records if x["event"] == "eval"]
-        return {"out": str(self.out), "base_reward": evals[0]["eval_reward"], "final_reward": evals[-1]["eval_reward"],
-                "final_reward_std": evals[-1]["eval_reward_std"], "iterations": evals[-1]["iteration"],
-                "wall_s": records[-1]["wall_s"]}
+        return {
+            "out": str(self.out),
+            "base_reward": evals[0]["eval_reward"],
+            "final_reward": evals[-1]["eval_reward"],
+            "final_reward_std": evals[-1]["eval_reward_std"],
+            "iterations": evals[-1]["iteration"],
+            "wall_s": records[-1]["wall_s"],
+        }

@@ -75,8 +75,15 @@ def explore(model, job: ExploreWork, sampler: SamplerConfig, reward, shape) -> E
     diffusers' first-block cache at ``cache_threshold``)."""
     prompts = [job.prompt] * len(job.seeds)
     with step_cache(model, job.cache_threshold) as cached:
-        x = sample_policy(cached, prompts, list(job.seeds), sampler, shape, effective_steps=job.effective_steps,
-                          init_seed=job.init_seed)
+        x = sample_policy(
+            cached,
+            prompts,
+            list(job.seeds),
+            sampler,
+            shape,
+            effective_steps=job.effective_steps,
+            init_seed=job.init_seed,
+        )
     return Explored(np.asarray(reward(to_uint8_images(x), prompts), dtype=np.float32), cached.stats.computed)
 
 
@@ -85,8 +92,9 @@ class Rollout:
     ``r.rewards(reward)``. ``state`` resumes from a committed step (counter-based noise: the end is
     bit-identical to an uninterrupted run)."""
 
-    def __init__(self, model, job: RolloutWork, sampler: SamplerConfig, shape,
-                 state: RolloutState | None = None) -> None:
+    def __init__(
+        self, model, job: RolloutWork, sampler: SamplerConfig, shape, state: RolloutState | None = None
+    ) -> None:
         self.model, self.job, self.sampler = model, job, sampler
         self.seeds = list(job.seeds)
         self.prompts = [job.prompt] * len(self.seeds)
@@ -126,5 +134,7 @@ def trajectory(state: RolloutState) -> tuple[torch.Tensor, torch.Tensor]:
 def group(job: RolloutWork, latents, log_probs, rewards) -> Group:
     """The trainer's ``Group`` ([G, steps, ...] writable tensors) from a step-major trajectory,
     whether it comes from memory or from the tensor store (numpy views)."""
-    lat, lps = (torch.as_tensor(np.ascontiguousarray(np.asarray(x).swapaxes(0, 1))) for x in (latents, log_probs))
+    lat, lps = (
+        torch.as_tensor(np.ascontiguousarray(np.asarray(x).swapaxes(0, 1))) for x in (latents, log_probs)
+    )
     return Group(job.prompt, list(job.seeds), lat, lps, torch.as_tensor(np.array(rewards, dtype=np.float32)))

@@ -137,8 +137,14 @@ class GRPOTrainer:
         cfg, steps = self.cfg, self.train_steps()
         advs = [advantages(g.rewards, cfg.adv_clip) for g in groups]
         live = [i for i, a in enumerate(advs) if a.abs().sum() > 0]  # zero-variance groups teach nothing
-        stats: dict[str, list[float]] = {"loss": [], "ratio_dev": [], "clip_frac": [], "kl": [], "grad_norm": [],
-                                         "update_norm": []}
+        stats: dict[str, list[float]] = {
+            "loss": [],
+            "ratio_dev": [],
+            "clip_frac": [],
+            "kl": [],
+            "grad_norm": [],
+            "update_norm": [],
+        }
         chunks = [c for c in np.array_split(np.array(live, dtype=int), cfg.updates_per_iteration) if len(c)]
         for _epoch in range(cfg.inner_epochs):
             for chunk in chunks:
@@ -152,8 +158,9 @@ class GRPOTrainer:
                 self.opt.step()
                 # how far the weights moved: Adam turns tiny noisy gradients into full-size steps
                 # unless lr / adam_eps keep it in check, so this is the number to watch
-                stats["update_norm"].append(float(torch.sqrt(sum(((p.detach() - b) ** 2).sum()
-                                                                 for p, b in zip(self.params, before)))))
+                stats["update_norm"].append(
+                    float(torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(self.params, before))))
+                )
         self.iteration += 1
         out = {k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
         out["groups_trained"] = float(len(live))
@@ -173,7 +180,9 @@ class GRPOTrainer:
             kl = torch.zeros(())
             if cfg.beta > 0:
                 with torch.no_grad(), self._reference() as ref:
-                    _, ref_mean, _ = step_log_prob(ref, x, x_next, k, ref.encode([g.prompt] * len(g.seeds)), self.sampler)
+                    _, ref_mean, _ = step_log_prob(
+                        ref, x, x_next, k, ref.encode([g.prompt] * len(g.seeds)), self.sampler
+                    )
                 kl = ((mean - ref_mean) ** 2).flatten(1).mean(1).mean() / (2 * std**2)
                 loss = loss + cfg.beta * kl
             (loss * scale).backward()

@@ -24,8 +24,17 @@ from spotlight.work import policy_model as build_policy_model
 
 pytestmark = pytest.mark.timeout(60)
 
-TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16", "model.image_size=16",
-        "model.patch=4", "sampler.steps=3", "run.group_size=4", "explore.candidates=4"]
+TINY = [
+    "model.checkpoint=none",
+    "model.layers=1",
+    "model.heads=2",
+    "model.head_dim=16",
+    "model.image_size=16",
+    "model.patch=4",
+    "sampler.steps=3",
+    "run.group_size=4",
+    "explore.candidates=4",
+]
 
 
 async def test_register_and_bad_frames(tmp_path):
@@ -35,9 +44,19 @@ async def test_register_and_bad_frames(tmp_path):
         raw = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         raw.connect(server.endpoint)
         try:
-            for frames in ([b"\xc1garbage"], [msgpack.packb({"type": "c.register", "tensors": [], "fields": {}})],
-                           [msgpack.packb({"type": "q.pull", "tensors": [],
-                                           "fields": {"worker_id": "w", "kinds": ["rollout"], "max_wait_s": 0.0}})]):
+            for frames in (
+                [b"\xc1garbage"],
+                [msgpack.packb({"type": "c.register", "tensors": [], "fields": {}})],
+                [
+                    msgpack.packb(
+                        {
+                            "type": "q.pull",
+                            "tensors": [],
+                            "fields": {"worker_id": "w", "kinds": ["rollout"], "max_wait_s": 0.0},
+                        }
+                    )
+                ],
+            ):
                 await raw.send_multipart([b"corr0001", *frames])
                 reply = decode((await raw.recv_multipart())[1:])
                 assert isinstance(reply, m.ErrorReply) and reply.code == "ProtocolError", reply
@@ -63,12 +82,19 @@ async def test_worker_api_over_ipc(tmp_path):
         await store.publish_weights(3, {k: v.numpy() for k, v in model.state_dict().items()})
         core = WorkerCore(recipe, store, worker_id="n/w0")
         try:
-            async with RpcServer(worker_handlers(core), bind=f"ipc://{tmp_path}/w.sock") as server, \
-                    RpcClient(server.endpoint, timeout=30) as client:
+            async with (
+                RpcServer(worker_handlers(core), bind=f"ipc://{tmp_path}/w.sock") as server,
+                RpcClient(server.endpoint, timeout=30) as client,
+            ):
+
                 def lease(rid: str, kind: str) -> m.LeaseGrant:
                     job = (m.RolloutWork if kind == "rollout" else m.ExploreWork)(
-                        prompt="a red circle", seeds=[1, 2, 3, 4], version=3)
-                    return m.LeaseGrant(request_id=rid, attempt=1, deadline=0.0, lease_s=30.0, batch="b", work=job)
+                        prompt="a red circle", seeds=[1, 2, 3, 4], version=3
+                    )
+                    return m.LeaseGrant(
+                        request_id=rid, attempt=1, deadline=0.0, lease_s=30.0, batch="b", work=job
+                    )
+
                 idle = await client.call(m.WorkerStatus())
                 assert idle.request_id is None and idle.version is None
                 done = await client.call(m.WorkerRun(lease=lease("r", "rollout")))

@@ -35,8 +35,17 @@ from spotlight.work import policy_model as build_policy_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
-TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16", "model.image_size=16",
-        "model.patch=4", "sampler.steps=3", "run.group_size=4", "explore.candidates=4"]
+TINY = [
+    "model.checkpoint=none",
+    "model.layers=1",
+    "model.heads=2",
+    "model.head_dim=16",
+    "model.image_size=16",
+    "model.patch=4",
+    "sampler.steps=3",
+    "run.group_size=4",
+    "explore.candidates=4",
+]
 
 
 @pytest.fixture
@@ -56,14 +65,22 @@ def keys(tmp_path: Path) -> dict[str, Path]:
 @pytest.fixture
 async def services(keys: dict[str, Path], spawn) -> AsyncIterator[dict[str, str]]:
     reserved = str(keys["reserved"])
-    queue, q_ep = await spawn("spotlight.actors.queue", "--bind", "tcp://127.0.0.1:0", "--keys", reserved,
-                              ready="ready ")
-    store, s_ep = await spawn("spotlight.actors.store", "--bind", "tcp://127.0.0.1:0", "--keys", reserved,
-                              ready="tensor store ready on ")
+    queue, q_ep = await spawn(
+        "spotlight.actors.queue", "--bind", "tcp://127.0.0.1:0", "--keys", reserved, ready="ready "
+    )
+    store, s_ep = await spawn(
+        "spotlight.actors.store",
+        "--bind",
+        "tcp://127.0.0.1:0",
+        "--keys",
+        reserved,
+        ready="tensor store ready on ",
+    )
     recipe = load_recipe("tiny", [*TINY, "runtime.lease_s=5", "runtime.heartbeat_s=1"])
     core = ControllerCore(recipe, q_ep, s_ep)
-    async with RpcServer(controller_handlers(core), bind="tcp://127.0.0.1:0",
-                         curve=cluster_server_keys(reserved)) as controller:
+    async with RpcServer(
+        controller_handlers(core), bind="tcp://127.0.0.1:0", curve=cluster_server_keys(reserved)
+    ) as controller:
         yield {"queue": q_ep, "store": s_ep, "controller": controller.endpoint}
     for proc in (queue, store):  # CURVE or not, they still stop cleanly
         proc.send_signal(signal.SIGTERM)
@@ -72,9 +89,11 @@ async def services(keys: dict[str, Path], spawn) -> AsyncIterator[dict[str, str]
 
 
 # One harmless request per socket: each answers it with a typed reply.
-PROBES = {"queue": (m.QueueStats(), m.QueueStatsReply),
-          "store": (m.ListKeys(prefix=""), m.KeyList),
-          "controller": (m.Register(node_id="probe", kind="spot", workers=1), m.Registered)}
+PROBES = {
+    "queue": (m.QueueStats(), m.QueueStatsReply),
+    "store": (m.ListKeys(prefix=""), m.KeyList),
+    "controller": (m.Register(node_id="probe", kind="spot", workers=1), m.Registered),
+}
 
 
 @pytest.mark.parametrize("socket", sorted(PROBES))
@@ -106,13 +125,27 @@ def test_spot_agent_with_its_own_keys_runs_a_rollout_over_tcp(keys, tmp_path: Pa
     torch.manual_seed(0)
     weights = {k: v.numpy() for k, v in build_policy_model(recipe).state_dict().items()}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    recipe = load_recipe(recipe.to_dict(), ['runtime.transport="tcp"', "runtime.reserved_workers=0",
-                                            "runtime.spot_workers=0"])
+    recipe = load_recipe(
+        recipe.to_dict(), ['runtime.transport="tcp"', "runtime.reserved_workers=0", "runtime.spot_workers=0"]
+    )
     with LocalRuntime(recipe, serve=ServeConfig(host="127.0.0.1", port=0, keys=str(keys["reserved"]))) as rt:
         rt.call(rt.store.publish_weights(0, weights))
-        agent = subprocess.Popen([sys.executable, "-m", "spotlight.actors.node", "--controller", rt.endpoint,
-                                  "--keys", str(keys["good"]), "--node-id", "spot-1"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "spotlight.actors.node",
+                "--controller",
+                rt.endpoint,
+                "--keys",
+                str(keys["good"]),
+                "--node-id",
+                "spot-1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
         try:
             assert agent.stdout is not None
             line = agent.stdout.readline().decode()  # bounded by the module timeout

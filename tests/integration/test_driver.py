@@ -17,8 +17,17 @@ from spotlight.loop import LocalExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16", "model.image_size=16",
-        "model.patch=4", "sampler.steps=3", "runtime.reserved_workers=1", "runtime.spot_workers=1"]
+TINY = [
+    "model.checkpoint=none",
+    "model.layers=1",
+    "model.heads=2",
+    "model.head_dim=16",
+    "model.image_size=16",
+    "model.patch=4",
+    "sampler.steps=3",
+    "runtime.reserved_workers=1",
+    "runtime.spot_workers=1",
+]
 
 
 def perturbed(model, seed: int):
@@ -39,8 +48,10 @@ def test_batches_in_flight_at_once_each_at_its_version(tmp_path, monkeypatch):
     torch.manual_seed(0)
     v0 = work.policy_model(recipe)
     v1 = perturbed(v0, seed=1)
-    explore_jobs = [m.ExploreWork(prompt=p, seeds=[11, 12, 13, 14], version=0, effective_steps=2)
-                    for p in ("a red circle", "two blue squares")]
+    explore_jobs = [
+        m.ExploreWork(prompt=p, seeds=[11, 12, 13, 14], version=0, effective_steps=2)
+        for p in ("a red circle", "two blue squares")
+    ]
     rollout_jobs = [m.RolloutWork(prompt="a green triangle", seeds=[5, 6, 7, 8], version=1, init_seed=3)]
 
     with LocalRuntime(recipe) as rt:

@@ -13,16 +13,40 @@ from spotlight.actors.procs import alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16", "model.image_size=16",
-        "model.patch=4", "sampler.steps=3", "sampler.eval_steps=2", "run.group_size=4", "explore.candidates=4",
-        "run.iterations=2", "run.prompts_per_iteration=2", "run.eval_every=100", "run.eval_seeds=1",
-        "run.eval_samples=2", "runtime.reserved_workers=1", "runtime.spot_workers=2"]
+TINY = [
+    "model.checkpoint=none",
+    "model.layers=1",
+    "model.heads=2",
+    "model.head_dim=16",
+    "model.image_size=16",
+    "model.patch=4",
+    "sampler.steps=3",
+    "sampler.eval_steps=2",
+    "run.group_size=4",
+    "explore.candidates=4",
+    "run.iterations=2",
+    "run.prompts_per_iteration=2",
+    "run.eval_every=100",
+    "run.eval_seeds=1",
+    "run.eval_samples=2",
+    "runtime.reserved_workers=1",
+    "runtime.spot_workers=2",
+]
 
 
 def run(tmp_path, mode: str, explore: bool, sampler: list[str]) -> tuple[Experiment, list[int]]:
     torch.set_num_threads(1)
-    recipe = load_recipe("tiny", [*TINY, *sampler, f'run.mode="{mode}"', f"explore.enabled={str(explore).lower()}",
-                                  f'run.out_dir="{tmp_path}"', f'run.name="{mode}"'])
+    recipe = load_recipe(
+        "tiny",
+        [
+            *TINY,
+            *sampler,
+            f'run.mode="{mode}"',
+            f"explore.enabled={str(explore).lower()}",
+            f'run.out_dir="{tmp_path}"',
+            f'run.name="{mode}"',
+        ],
+    )
     exp = Experiment(recipe)
     pids: list[int] = []
     exp.on_metrics(lambda rec: pids.extend(exp.runtime.pids()) if exp.runtime and not pids else None)
@@ -30,16 +54,36 @@ def run(tmp_path, mode: str, explore: bool, sampler: list[str]) -> tuple[Experim
     return exp, pids
 
 
-@pytest.mark.parametrize("explore,sampler", [
-    (True, []),
-    (False, []),
-    # Every sampler option the workers must honour: shared x_1, an SDE window, block noise.
-    (True, ["sampler.shared_init=true", "sampler.sde_steps=2", "sampler.noise_patch=2", "explore.effective_steps=2"]),
-    # LoRA (the workers build the adapter the trainer trains), the coefficients-preserving SDE and
-    # exploration through diffusers' first-block cache (which needs >= 2 blocks).
-    (True, ['grpo.finetune="lora"', 'sampler.sde_type="cps"', "sampler.noise_patch=2", "model.layers=2",
-            "explore.cache_threshold=1.0"]),  # 1.0: 2 of 3 calls reuse the cache
-], ids=["explore", "random-seeds", "explore-shared-init-sde-window-block-noise", "explore-lora-cps-cached"])
+@pytest.mark.parametrize(
+    "explore,sampler",
+    [
+        (True, []),
+        (False, []),
+        # Every sampler option the workers must honour: shared x_1, an SDE window, block noise.
+        (
+            True,
+            [
+                "sampler.shared_init=true",
+                "sampler.sde_steps=2",
+                "sampler.noise_patch=2",
+                "explore.effective_steps=2",
+            ],
+        ),
+        # LoRA (the workers build the adapter the trainer trains), the coefficients-preserving SDE and
+        # exploration through diffusers' first-block cache (which needs >= 2 blocks).
+        (
+            True,
+            [
+                'grpo.finetune="lora"',
+                'sampler.sde_type="cps"',
+                "sampler.noise_patch=2",
+                "model.layers=2",
+                "explore.cache_threshold=1.0",
+            ],
+        ),  # 1.0: 2 of 3 calls reuse the cache
+    ],
+    ids=["explore", "random-seeds", "explore-shared-init-sde-window-block-noise", "explore-lora-cps-cached"],
+)
 def test_runtime_matches_in_process_loop(tmp_path, monkeypatch, explore, sampler):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the workers' threads, as the in-process loop's
     ref, _ = run(tmp_path, "in-process", explore, sampler)

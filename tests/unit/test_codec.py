@@ -93,14 +93,20 @@ def test_torch_cpu_tensors_are_accepted_zero_copy() -> None:
         ([header("nope", {})], "unknown message type 'nope'"),
         ([header("q.release", {"request_id": "r", "attempt": 1})], r"missing fields \['worker_id'\]"),
         ([header("ok", {"extra": 1})], r"unknown fields \['extra'\]"),
-        ([header("q.release", {"request_id": "r", "attempt": "1", "worker_id": "w"})],
-         "Release.attempt: expected int, got str"),
-        ([header("q.release", {"request_id": "r", "attempt": True, "worker_id": "w"})],
-         "expected int, got bool"),
-        ([header("q.pull", {"worker_id": "w", "kinds": ["train"], "max_wait_s": 0.0})],
-         r"Pull.kinds\[0\]"),
+        (
+            [header("q.release", {"request_id": "r", "attempt": "1", "worker_id": "w"})],
+            "Release.attempt: expected int, got str",
+        ),
+        (
+            [header("q.release", {"request_id": "r", "attempt": True, "worker_id": "w"})],
+            "expected int, got bool",
+        ),
+        ([header("q.pull", {"worker_id": "w", "kinds": ["train"], "max_wait_s": 0.0})], r"Pull.kinds\[0\]"),
         ([header("q.submit", {"requests": {"a": 1}})], "expected a list"),
-        ([header("ok", {}, [{"dtype": "uint8", "shape": [1], "frame": 1}])], "lists 1 tensors but 0 tensor frames"),
+        (
+            [header("ok", {}, [{"dtype": "uint8", "shape": [1], "frame": 1}])],
+            "lists 1 tensors but 0 tensor frames",
+        ),
         ([header("ok", {}), b"x"], "lists 0 tensors but 1 tensor frames"),
         ([put(slot(1), dtype="object"), b"\x00" * 8], "dtype 'object' not allowed"),
         ([put(slot(1), shape=[3]), b"\x00" * 8], r"shape \[3\] x 4 B != frame of 8 B"),
@@ -109,8 +115,10 @@ def test_torch_cpu_tensors_are_accepted_zero_copy() -> None:
         ([put([slot(1), slot(1)]), b"\x00" * 8], "missing or reused"),
         ([put(None), b"\x00" * 8], "1 tensor frames unplaced"),
         ([put(slot(1, code=5)), b"\x00" * 8], "unknown msgpack extension 5"),
-        ([header("s.put", {"key": "k", "tensors": {"a": None}, "meta": {}})],
-         "Put.tensors.a: expected a tensor, got NoneType"),
+        (
+            [header("s.put", {"key": "k", "tensors": {"a": None}, "meta": {}})],
+            "Put.tensors.a: expected a tensor, got NoneType",
+        ),
     ],
 )
 def test_malformed_frames_raise_protocol_error(frames: list, match: str) -> None:

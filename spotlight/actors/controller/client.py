@@ -51,7 +51,9 @@ class RuntimeExecutor:
 
     def _submit(self, batch: str, jobs: list[m.Work], read: Callable[[list[m.WorkResult]], Coroutine]
                 ) -> concurrent.futures.Future:
-        requests = [m.WorkRequest(request_id=f"{batch}/{i}", batch=batch, work=job) for i, job in enumerate(jobs)]
+        requests = [
+            m.WorkRequest(request_id=f"{batch}/{i}", batch=batch, work=job) for i, job in enumerate(jobs)
+        ]
         kind = jobs[0].KIND if jobs else "empty"
 
         async def go() -> Any:
@@ -59,18 +61,27 @@ class RuntimeExecutor:
             await self.queue.submit(requests)
             done = await self.queue.wait_batch(batch, self.wait_s, forget=True)  # bounded queue memory
             if done.dead:
-                raise RemoteError(f"{kind} batch {batch}: requests {done.dead} were dead-lettered (see queue stats)")
+                raise RemoteError(
+                    f"{kind} batch {batch}: requests {done.dead} were dead-lettered (see queue stats)"
+                )
             value = await read(done.results)
-            self.timings.append({"kind": kind, "batch": batch, "requests": len(requests),
-                                 "wall_s": time.perf_counter() - t0,
-                                 "worker_s": sum(r.worker_s for r in done.results),
-                                 "compute_s": sum(r.compute_s for r in done.results)})
+            self.timings.append(
+                {
+                    "kind": kind,
+                    "batch": batch,
+                    "requests": len(requests),
+                    "wall_s": time.perf_counter() - t0,
+                    "worker_s": sum(r.worker_s for r in done.results),
+                    "compute_s": sum(r.compute_s for r in done.results),
+                }
+            )
             return value
 
         return self.bg.submit(go())
 
     def explore(self, batch: str, jobs: list[m.ExploreWork]) -> concurrent.futures.Future:
         """Handle of each job's rewards [M] (np.float32), in job order."""
+
         async def read(results: list[m.ExploreResult]) -> list[np.ndarray]:
             return [np.asarray(r.rewards, dtype=np.float32) for r in results]
 
@@ -78,10 +89,14 @@ class RuntimeExecutor:
 
     def rollout(self, batch: str, jobs: list[m.RolloutWork]) -> concurrent.futures.Future:
         """Handle of each job's ``Group``, in job order."""
+
         async def read(results: list[m.RolloutResult]) -> list[Group]:
             keys = [r.key for r in results]
             trajs = [t for t, _ in await asyncio.gather(*(self.store.get(k) for k in keys))]
-            groups = [work.group(job, t["latents"], t["log_probs"], t["rewards"]) for job, t in zip(jobs, trajs, strict=True)]
+            groups = [
+                work.group(job, t["latents"], t["log_probs"], t["rewards"])
+                for job, t in zip(jobs, trajs, strict=True)
+            ]
             self._free(keys)
             return groups
 

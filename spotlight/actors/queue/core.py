@@ -96,7 +96,9 @@ class RequestQueueCore:
         seen: set[str] = set()
         for r in requests:
             if not isinstance(r, m.WorkRequest) or not isinstance(r.work, (m.ExploreWork, m.RolloutWork)):
-                raise ProtocolError(f"a request must be a WorkRequest with Explore/RolloutWork, got {r!r:.200}")
+                raise ProtocolError(
+                    f"a request must be a WorkRequest with Explore/RolloutWork, got {r!r:.200}"
+                )
             rid = r.request_id
             if not isinstance(rid, str) or rid in self._requests or rid in seen:
                 raise ProtocolError(f"request_id {rid!r} is not a new str")
@@ -130,14 +132,23 @@ class RequestQueueCore:
                 rec.state, rec.worker_id, rec.deadline = "leased", worker_id, now + lease_s
                 rec.attempt += 1
                 self._track_deadline(rec)
-                grants.append(m.LeaseGrant(
-                    request_id=rec.request_id, attempt=rec.attempt, deadline=rec.deadline,
-                    lease_s=lease_s, batch=rec.batch, work=rec.work, resume_step=rec.committed_step))
+                grants.append(
+                    m.LeaseGrant(
+                        request_id=rec.request_id,
+                        attempt=rec.attempt,
+                        deadline=rec.deadline,
+                        lease_s=lease_s,
+                        batch=rec.batch,
+                        work=rec.work,
+                        resume_step=rec.committed_step,
+                    )
+                )
         self.counters["leased"] += len(grants)
         return grants
 
-    async def wait_pull(self, worker_id: str, kinds: list[str], max_n: int,
-                        max_wait_s: float) -> list[m.LeaseGrant]:
+    async def wait_pull(
+        self, worker_id: str, kinds: list[str], max_n: int, max_wait_s: float
+    ) -> list[m.LeaseGrant]:
         """``pull_many``, waiting up to ``max_wait_s`` (event loop time) for work to appear."""
         grants = self.pull_many(worker_id, kinds, max_n)
         if grants or max_wait_s <= 0:
@@ -154,16 +165,18 @@ class RequestQueueCore:
             self._pullers_waiting -= 1
         return grants
 
-    def heartbeat(self, request_id: str, attempt: int, worker_id: str,
-                  committed_step: int | None = None) -> m.LeaseExtended:
+    def heartbeat(
+        self, request_id: str, attempt: int, worker_id: str, committed_step: int | None = None
+    ) -> m.LeaseExtended:
         rec = self._current(request_id, attempt, worker_id, "heartbeat")
         if committed_step is not None:
             rec.committed_step = committed_step
         rec.deadline = self.clock() + self.config.lease_s
         self._track_deadline(rec)
         self.counters["heartbeats"] += 1
-        return m.LeaseExtended(request_id=request_id, attempt=attempt, deadline=rec.deadline,
-                               lease_s=self.config.lease_s)
+        return m.LeaseExtended(
+            request_id=request_id, attempt=attempt, deadline=rec.deadline, lease_s=self.config.lease_s
+        )
 
     def release(self, request_id: str, attempt: int, worker_id: str) -> None:
         """Spot notice: back to the queue at once, not counted toward the retry cap."""
@@ -183,8 +196,10 @@ class RequestQueueCore:
             self.counters["late_results_dropped"] += 1
             raise
         if not isinstance(result, _RESULT[rec.kind]):
-            raise ProtocolError(f"complete {request_id}: a {rec.kind} request returns "
-                                f"{_RESULT[rec.kind].__name__}, got {type(result).__name__}")
+            raise ProtocolError(
+                f"complete {request_id}: a {rec.kind} request returns "
+                f"{_RESULT[rec.kind].__name__}, got {type(result).__name__}"
+            )
         rec.state, rec.result = "done", result
         self.counters["completed"] += 1
         self._finished(rec)
@@ -221,7 +236,9 @@ class RequestQueueCore:
         """Whether a lease-heap entry is still the request's current lease (entries of renewed,
         finished and forgotten requests stay in the heap and are skipped lazily)."""
         rec = self._requests.get(rid)
-        return rec is not None and rec.state == "leased" and rec.attempt == attempt and rec.deadline == deadline
+        return (
+            rec is not None and rec.state == "leased" and rec.attempt == attempt and rec.deadline == deadline
+        )
 
     # --- batches ---------------------------------------------------------------------------
     async def wait_batch(self, batch: str, timeout_s: float | None = None) -> m.BatchDone:
@@ -232,11 +249,15 @@ class RequestQueueCore:
                 async with asyncio.timeout(timeout_s):
                     await event.wait()
             except TimeoutError:
-                raise ActorTimeout(f"batch {batch}: {self._open.get(batch, 0)} requests "
-                                   f"still open after {timeout_s}s") from None
+                raise ActorTimeout(
+                    f"batch {batch}: {self._open.get(batch, 0)} requests still open after {timeout_s}s"
+                ) from None
         ids = self._batches[batch]
-        return m.BatchDone(batch=batch, results=[self._requests[r].result for r in ids],
-                           dead=[r for r in ids if self._requests[r].state == "dead"])
+        return m.BatchDone(
+            batch=batch,
+            results=[self._requests[r].result for r in ids],
+            dead=[r for r in ids if self._requests[r].state == "dead"],
+        )
 
     def forget_batch(self, batch: str) -> None:
         """Drop a finished batch's records (and results) to bound memory in long runs."""
@@ -260,8 +281,10 @@ class RequestQueueCore:
             raise NotFound(f"{op}: unknown request {request_id!r}")
         if rec.state != "leased" or rec.attempt != attempt or rec.worker_id != worker_id:
             self.counters["stale_rejected"] += 1
-            raise StaleAttempt(f"{op} {request_id} attempt {attempt} from {worker_id}: fenced off "
-                               f"(current attempt {rec.attempt}, {rec.state}, {rec.worker_id})")
+            raise StaleAttempt(
+                f"{op} {request_id} attempt {attempt} from {worker_id}: fenced off "
+                f"(current attempt {rec.attempt}, {rec.state}, {rec.worker_id})"
+            )
         return rec
 
     def _track_deadline(self, rec: _Request) -> None:
@@ -283,9 +306,15 @@ class RequestQueueCore:
             return
         rec.state, rec.worker_id = "dead", None
         self.counters["dead"] += 1
-        self.dead_letters.append({"request_id": rec.request_id, "kind": rec.kind,
-                                  "batch": rec.batch, "attempts": rec.attempt,
-                                  "reason": reason})
+        self.dead_letters.append(
+            {
+                "request_id": rec.request_id,
+                "kind": rec.kind,
+                "batch": rec.batch,
+                "attempts": rec.attempt,
+                "reason": reason,
+            }
+        )
         self._finished(rec)
 
     def _batch_finished(self, batch: str) -> bool:

@@ -361,10 +361,25 @@ class TensorStoreClient:
             return await self._send(op.msg)
         tensors = {name: rows[0] if len(rows) == 1 else np.concatenate(rows) for name, rows in op.rows.items()}
         return await self._write(
-            tensors, lambda t: m.Commit(request_id=op.request_id, attempt=op.attempt, step=op.step,
-                                           tensors=t, meta=op.meta, base=op.base),
-            lambda t, r: m.ShmCommit(request_id=op.request_id, attempt=op.attempt, step=op.step,
-                                     tensors=t, refs=r, meta=op.meta, base=op.base))
+            tensors,
+            lambda t: m.Commit(
+                request_id=op.request_id,
+                attempt=op.attempt,
+                step=op.step,
+                tensors=t,
+                meta=op.meta,
+                base=op.base,
+            ),
+            lambda t, r: m.ShmCommit(
+                request_id=op.request_id,
+                attempt=op.attempt,
+                step=op.step,
+                tensors=t,
+                refs=r,
+                meta=op.meta,
+                base=op.base,
+            ),
+        )
 
     def _op_failed(self, op: _PendingCommit | _Seal, e: Exception) -> None:
         if isinstance(op, _Seal):  # its caller is waiting: it gets the error
@@ -385,16 +400,30 @@ class TensorStoreClient:
     async def drop_commit(self, request_id: str) -> None:
         await self._call(m.DropCommit(request_id=request_id))
 
-    async def seal_commit(self, request_id: str, step: int, key: str, tensors: dict[str, Any] | None = None,
-                          meta: dict | None = None) -> None:
+    async def seal_commit(
+        self,
+        request_id: str,
+        step: int,
+        key: str,
+        tensors: dict[str, Any] | None = None,
+        meta: dict | None = None,
+    ) -> None:
         """Make the request's commit at ``step`` the entry ``key`` (plus ``tensors``). Queued
         behind the request's pending commits and sent with them, so the final commit and the
         seal cost one round trip; the store refuses it unless it holds exactly ``step``."""
         self._raise_background_error()
         if self._flusher is None:
             raise RuntimeError("TensorStoreClient is not open (use 'async with')")
-        seal = _Seal(m.SealCommit(request_id=request_id, step=step, key=key, tensors=self._owned(tensors or {}),
-                                  meta=dict(meta or {})), asyncio.get_running_loop().create_future())
+        seal = _Seal(
+            m.SealCommit(
+                request_id=request_id,
+                step=step,
+                key=key,
+                tensors=self._owned(tensors or {}),
+                meta=dict(meta or {}),
+            ),
+            asyncio.get_running_loop().create_future(),
+        )
         self._pending[("seal", request_id)] = seal
         self._idle.clear()
         self._wake.set()
@@ -407,11 +436,15 @@ class TensorStoreClient:
 
     # --- weights -------------------------------------------------------------------------------
     async def publish_weights(self, version: int, tensors: dict[str, Any]) -> None:
-        await (await self._write(tensors, lambda t: m.PublishWeights(version=version, tensors=t, meta={}),
-                                 lambda t, r: m.ShmPublish(version=version, tensors=t, refs=r, meta={})))
+        await (
+            await self._write(
+                tensors,
+                lambda t: m.PublishWeights(version=version, tensors=t, meta={}),
+                lambda t, r: m.ShmPublish(version=version, tensors=t, refs=r, meta={}),
+            )
+        )
 
-    async def get_weights(self, version: int, *, out: dict[str, np.ndarray] | None = None
-                          ) -> Tensors:
+    async def get_weights(self, version: int, *, out: dict[str, np.ndarray] | None = None) -> Tensors:
         """Weights ``version``; ``out`` optionally names preallocated arrays to fill."""
         if self._maps is not None:
             return self._read(await self._call(m.ShmFetch(what="weights", version=version)), out)

@@ -225,8 +225,10 @@ class TensorStoreCore:
         for name, arr in frozen.items():
             held_arr = old.tensors[name]
             if arr.dtype != held_arr.dtype or arr.shape[1:] != held_arr.shape[1:] or arr.ndim == 0:
-                raise ValueError(f"append to commit {request_id!r}: {name!r} rows {arr.dtype}{list(arr.shape)} "
-                                 f"do not extend {held_arr.dtype}{list(held_arr.shape)}")
+                raise ValueError(
+                    f"append to commit {request_id!r}: {name!r} rows {arr.dtype}{list(arr.shape)} "
+                    f"do not extend {held_arr.dtype}{list(held_arr.shape)}"
+                )
         size = _nbytes(frozen)
         self._reserve(f"commit {request_id!r} step {step}", size)
         rows = old.rows if old.rows is not None else {name: [] for name in old.tensors}
@@ -243,8 +245,14 @@ class TensorStoreCore:
         assert entry.step is not None
         return entry.step, dict(entry.joined()), dict(entry.meta)
 
-    def seal_commit(self, request_id: str, step: int, key: str, tensors: Mapping[str, np.ndarray] | None = None,
-                    meta: dict | None = None) -> None:
+    def seal_commit(
+        self,
+        request_id: str,
+        step: int,
+        key: str,
+        tensors: Mapping[str, np.ndarray] | None = None,
+        meta: dict | None = None,
+    ) -> None:
         """Move a request's commit at ``step`` to ``key`` (its final result, e.g. the
         trajectory), adding ``tensors`` (e.g. rewards) and replacing its meta by ``meta``.
         Nothing is copied but the joining of appended rows. A commit at any other step (one
