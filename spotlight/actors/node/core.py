@@ -132,6 +132,7 @@ class NodeAgent:
         """Why the agent left on its own (the queue unreachable), or None."""
         self._notice: asyncio.Event | None = None  # run()'s: set to leave
         self._last_contact = 0.0  # loop time of the queue's last answer
+        self._notice_at: float | None = None  # loop time of the notice that made it leave
         self.stats = {"completed": 0, "failed": 0, "released": 0, "worker_deaths": 0, "stale": 0}
 
     # --- lifetime ------------------------------------------------------------------------------
@@ -164,6 +165,9 @@ class NodeAgent:
                                    timeout=self.runtime.deregister_s)
                 except SpotlightError as e:
                     log.info("deregister: %s", e)
+                if self._notice_at is not None:  # the leave budget is runtime.leave_s
+                    log.warning("node %s left %.2f s after the notice", c.node_id,
+                                asyncio.get_running_loop().time() - self._notice_at)
         finally:
             shutil.rmtree(sock_dir, ignore_errors=True)
 
@@ -174,6 +178,7 @@ class NodeAgent:
             watch = tg.create_task(self._watch_metadata(notice)) if c.metadata_url else None
             await notice.wait()
             log.warning("node %s leaving (spot notice or shutdown signal)", c.node_id)
+            self._notice_at = asyncio.get_running_loop().time()
             self.leaving.set()
             if watch is not None:
                 watch.cancel()
