@@ -7,15 +7,15 @@ setup:
 demo: setup
 	.venv/bin/spotlight run tiny
 
-# Lint first (ruff: pyproject [tool.ruff]), then the tests with asyncio debug mode in every loop and
-# process they start (warnings are errors: pyproject [tool.pytest.ini_options]).
+# Lint first (ruff: pyproject [tool.ruff]), then the tests: asyncio debug mode and warnings as errors
+# (pyproject [tool.pytest.ini_options]).
 test: setup
 	.venv/bin/ruff check .
-	PYTHONASYNCIODEBUG=1 .venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q
 
 test-fast: setup
 	.venv/bin/ruff check .
-	PYTHONASYNCIODEBUG=1 .venv/bin/python -m pytest -q -m "not slow"
+	.venv/bin/python -m pytest -q -m "not slow"
 
 bench: setup
 	.venv/bin/python bench/seed_selection.py
