@@ -56,21 +56,20 @@ def wait_for(cond, timeout: float, what: str, every: float = 0.01):
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory):
     torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"
-    # Fault injection: a slow device (50 ms after each step) so kills land mid-request.
-    os.environ["SPOTLIGHT_WORKER_STEP_DELAY_S"] = "0.05"
     out = tmp_path_factory.mktemp("faults")
     recipe = load_recipe("tiny", [*TINY, f'run.out_dir="{out}"'])
     torch.manual_seed(0)
     model = build_policy_model(recipe)
-    try:
+    # The variables reach the workers; the context puts the environment back for later modules.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
+        # Fault injection: a slow device (50 ms after each step) so kills land mid-request.
+        env.setenv("SPOTLIGHT_WORKER_STEP_DELAY_S", "0.05")
         with LocalRuntime(recipe) as rt:
             rt.call(rt.store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()}))
             rt.reference = sde_rollout(model, [PROMPT] * 4, SEEDS, recipe.sampler, (3, 16, 16))
             yield rt
             pids = rt.pids()
-    finally:
-        del os.environ["SPOTLIGHT_WORKER_STEP_DELAY_S"]
     assert [p for p in pids if alive(p)] == []  # shutdown left nothing behind
 
 
