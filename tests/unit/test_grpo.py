@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from spotlight import work
+from spotlight.comm.messages import RolloutWork
 from spotlight.errors import ConfigError
-from spotlight.loop import RolloutJob, make_group
 from spotlight.policy import sampler as S
 from spotlight.policy.grpo import GRPOConfig, GRPOTrainer, advantages
 from spotlight.policy.seeds import ExploreConfig, candidate_seeds, select_contrast
@@ -21,9 +22,10 @@ def rollout_groups(model, cfg, seeds_per_prompt=4):
     groups = []
     for i, p in enumerate(PROMPTS):
         seeds = candidate_seeds(0, 0, i, seeds_per_prompt)
+        job = RolloutWork(prompt=p, seeds=seeds, version=0)
         st = S.sde_rollout(model, [p] * len(seeds), seeds, cfg, SHAPE)
         rewards = st.latents[-1].mean((1, 2, 3)).numpy()
-        groups.append(make_group(RolloutJob(p, seeds), st.latents, st.log_probs, rewards))
+        groups.append(work.group(job, *work.trajectory(st), rewards))
     return groups
 
 
