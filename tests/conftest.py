@@ -19,20 +19,39 @@ torch.set_num_threads(1)  # 2-core CI machine: oversubscribed intra-op threads c
 _ENV_SET_BY_TOOLS = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
 
 
+def _global_state() -> tuple[dict, set]:
+    from spotlight.rewards import base
+
+    return dict(os.environ), set(base._REGISTRY)
+
+
+def _assert_unchanged(before: tuple[dict, set], who: str) -> None:
+    from spotlight.rewards import base
+
+    (env, rewards), (env_now, rewards_now) = before, _global_state()
+    leaked_env = {k for k in env.keys() | env_now.keys() if env.get(k) != env_now.get(k)}
+    leaked_env -= _ENV_SET_BY_TOOLS
+    # a built-in module registering its own name on first import is no leak
+    leaked_rewards = (rewards ^ rewards_now) - base._BUILTIN.keys()
+    assert not leaked_env, f"{who} changed environment variables {sorted(leaked_env)}"
+    assert not leaked_rewards, f"{who} left registered rewards {sorted(leaked_rewards)}"
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_global_state():
     """Every test leaves the environment and the reward registry as it found them: set variables
     with ``monkeypatch.setenv``, register rewards in a fixture that unregisters them."""
-    from spotlight.rewards import base
-
-    env, rewards = dict(os.environ), dict(base._REGISTRY)
+    before = _global_state()
     yield
-    leaked_env = {k for k in env.keys() | os.environ.keys() if env.get(k) != os.environ.get(k)}
-    leaked_env -= _ENV_SET_BY_TOOLS
-    # a built-in module registering its own name on first import is no leak
-    leaked_rewards = (rewards.keys() ^ base._REGISTRY.keys()) - base._BUILTIN.keys()
-    assert not leaked_env and not leaked_rewards, (f"test changed environment variables {sorted(leaked_env)} "
-                                                   f"or registered rewards {sorted(leaked_rewards)}")
+    _assert_unchanged(before, "test")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leaked_module_state():
+    """The same for a module's module-scoped fixtures (set up after this one, torn down before)."""
+    before = _global_state()
+    yield
+    _assert_unchanged(before, "module fixture")
 
 
 @pytest.fixture
@@ -60,8 +79,9 @@ async def spawn():
     procs: list[asyncio.subprocess.Process] = []
 
     async def start(module: str, *args: str, ready: str, timeout: float = 60.0):
+        pipe = asyncio.subprocess.PIPE
         proc = await asyncio.create_subprocess_exec(sys.executable, "-m", module, *args,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                                                    stdout=pipe, stderr=pipe)
         procs.append(proc)
         async with asyncio.timeout(timeout):
             line = (await proc.stdout.readline()).decode()
