@@ -55,7 +55,8 @@ def main() -> None:
         g, spread = gradient(loop, 100 + it)
         grads.append(g)
         print(
-            f"batch {it}: {len(loop.prompts) * loop.recipe.run.group_size} samples, group spread {spread:.3f}, "
+            f"batch {it}: {len(loop.prompts) * loop.recipe.run.group_size} samples, "
+            f"group spread {spread:.3f}, "
             f"|grad| {float(g.norm()):.4f}"
         )
     cos = [
@@ -65,7 +66,8 @@ def main() -> None:
     ]
     print(f"overrides: {' '.join(overrides) or '-'}")
     print(
-        f"pairwise cosine of independent gradient estimates: {np.round(cos, 3).tolist()} (mean {np.mean(cos):.3f})"
+        f"pairwise cosine of independent gradient estimates: {np.round(cos, 3).tolist()} "
+        f"(mean {np.mean(cos):.3f})"
     )
 
 

@@ -29,8 +29,8 @@ from spotlight.recipe import load_recipe  # noqa: E402
 
 
 def sample_times(n: int) -> list[float]:
-    from spotlight.actors.worker.core import build_policy_model
     from spotlight.policy.sampler import sample
+    from spotlight.work import policy_model as build_policy_model
 
     recipe = load_recipe("tiny")
     model = build_policy_model(recipe)
@@ -39,8 +39,17 @@ def sample_times(n: int) -> list[float]:
     for _ in range(n):
         t0 = time.perf_counter()
         with torch.no_grad():
-            sample(model, [prompt] * 16, seeds, (3, 32, 32), s.steps, s.shift, noise_level=s.noise_level,
-                   sde_steps=s.sde_steps, noise_patch=s.noise_patch)
+            sample(
+                model,
+                [prompt] * 16,
+                seeds,
+                (3, 32, 32),
+                s.steps,
+                s.shift,
+                noise_level=s.noise_level,
+                sde_steps=s.sde_steps,
+                noise_patch=s.noise_patch,
+            )
         out.append(time.perf_counter() - t0)
     return out
 
@@ -78,15 +87,28 @@ def main() -> None:
     parent, child = [], []
     for _ in range(args.rounds):
         parent += sample_times(args.per_round)
-        done = subprocess.run([sys.executable, __file__, "--child", "--per-round", str(args.per_round)],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--child", "--per-round", str(args.per_round)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         child += [float(x) for x in done.stdout.split()]
     idle = idle_runtime_cpu(5.0)
-    ms = lambda xs: f"median {1e3 * statistics.median(xs):6.0f} ms  range {1e3 * min(xs):4.0f}-{1e3 * max(xs):4.0f} ms"  # noqa: E731
-    print(f"best-of-16 exploration sample, tiny model, 1 torch thread, cores {os.cpu_count()}; "
-          f"{args.rounds} rounds x {args.per_round}")
+
+    def ms(xs):
+        lo, mid, hi = 1e3 * min(xs), 1e3 * statistics.median(xs), 1e3 * max(xs)
+        return f"median {mid:6.0f} ms  range {lo:4.0f}-{hi:4.0f} ms"
+
+    print(
+        f"best-of-16 exploration sample, tiny model, 1 torch thread, cores {os.cpu_count()}; "
+        f"{args.rounds} rounds x {args.per_round}"
+    )
     print(f"parent process   {ms(parent)}")
-    print(f"child process    {ms(child)}   child/parent {statistics.median(child) / statistics.median(parent):.3f}x")
+    print(
+        f"child process    {ms(child)}   "
+        f"child/parent {statistics.median(child) / statistics.median(parent):.3f}x"
+    )
     print(f"idle one-worker runtime: {idle:.2f} s CPU in 5 s over all its processes")
 
 

@@ -4,9 +4,9 @@
 
 Same recipe, same seeds, measured side by side in one invocation (modes interleaved, `--repeats`
 rounds, so a noisy neighbour hits every mode alike; each run in a fresh Python process, as a user
-runs it — runs sharing one process slowed every later run by up to 30%, measured). Per-iteration time is the loop's own
-explore + rollout + train/publish time (evaluation excluded); iteration 0 is a warm-up and left
-out; the table shows medians. Modes:
+runs it — runs sharing one process slowed every later run by up to 30%, measured). Per-iteration
+time is the loop's own explore + rollout + train/publish time (evaluation excluded); iteration 0 is
+a warm-up and left out; the table shows medians. Modes:
 
 - in-process         the reference `LocalExecutor` (one process, 1 torch thread)
 - runtime 1 worker   the same work on one reserved worker process: the pure cost of the runtime
@@ -47,26 +47,54 @@ import torch  # noqa: E402
 
 from spotlight import Experiment, load_recipe  # noqa: E402
 
-MODES = {"in-process": ("in-process", 1, 0), "runtime 1 worker": ("runtime", 1, 0),
-         "runtime 1+2": ("runtime", 1, 2)}
+MODES = {
+    "in-process": ("in-process", 1, 0),
+    "runtime 1 worker": ("runtime", 1, 0),
+    "runtime 1+2": ("runtime", 1, 2),
+}
 
 
 # --model: "tiny" is the demo's model as shipped (recipes/tiny.toml: 4 layers, 4x32 heads, 32 px, the
 # pretrained base); "micro" a 1-layer random-init cut of it whose requests take ~40 ms, so the
 # runtime's fixed per-request costs show as plainly as they can.
-MODELS = {"tiny": [], "micro": ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16",
-                                "model.patch=4"]}
+MODELS = {
+    "tiny": [],
+    "micro": [
+        "model.checkpoint=none",
+        "model.layers=1",
+        "model.heads=2",
+        "model.head_dim=16",
+        "model.patch=4",
+    ],
+}
 
 
 def recipe(args, mode: str, reserved: int, spot: int, out: str):
     size = [f"model.image_size={args.image_size}"] if args.image_size else []
-    return load_recipe("tiny", [
-        *MODELS[args.model], *size, f"sampler.steps={args.steps}", "sampler.eval_steps=2",
-        f"run.group_size={args.group}", f"explore.candidates={args.candidates}", f"run.iterations={args.iterations}",
-        f"run.prompts_per_iteration={args.prompts}", "run.eval_every=1000", "run.eval_seeds=1",
-        "run.eval_samples=2", "run.checkpoint_every=1000", f'run.mode="{mode}"', f"runtime.reserved_workers={reserved}",
-        f"runtime.spot_workers={spot}", f"explore.enabled={str(args.explore).lower()}", f'run.out_dir="{out}"',
-        f'run.name="{mode}-{reserved}-{spot}"'])
+    return load_recipe(
+        "tiny",
+        [
+            *MODELS[args.model],
+            *size,
+            f"sampler.steps={args.steps}",
+            "sampler.sde_steps=none",
+            "sampler.eval_steps=2",
+            f"run.group_size={args.group}",
+            f"explore.candidates={args.candidates}",
+            f"run.iterations={args.iterations}",
+            f"run.prompts_per_iteration={args.prompts}",
+            "run.eval_every=1000",
+            "run.eval_seeds=1",
+            "run.eval_samples=2",
+            "run.checkpoint_every=1000",
+            f'run.mode="{mode}"',
+            f"runtime.reserved_workers={reserved}",
+            f"runtime.spot_workers={spot}",
+            f"explore.enabled={str(args.explore).lower()}",
+            f'run.out_dir="{out}"',
+            f'run.name="{mode}-{reserved}-{spot}"',
+        ],
+    )
 
 
 def one_run(args, name: str, out: str) -> tuple[list[float], list, dict, dict | None]:
@@ -79,14 +107,18 @@ def one_run(args, name: str, out: str) -> tuple[list[float], list, dict, dict | 
     same_run = None
     if mode == "runtime" and reserved + spot == 1:  # one worker: nothing overlaps, times add up
         per_iter = 3 if args.explore else 2  # [explore,] rollout, publish
-        timings = exp.loop.executor.timings[1 + per_iter:]  # the first publish and iteration 0 left out
+        timings = exp.loop.executor.timings[1 + per_iter :]  # the first publish and iteration 0 left out
         batches = [t for t in timings if t["kind"] != "publish"]
         added = sum(t["wall_s"] - t.get("compute_s", 0.0) for t in timings)
-        same_run = {"added_s": added, "work_s": sum(iter_s[1:]) - added,
-                    "path_ms": 1e3 * statistics.median((b["wall_s"] - b["worker_s"]) / b["requests"] for b in batches),
-                    "in_worker_ms": 1e3 * statistics.median((b["worker_s"] - b["compute_s"]) / b["requests"]
-                                                            for b in batches),
-                    "publish_ms": 1e3 * statistics.median(t["wall_s"] for t in timings if t["kind"] == "publish")}
+        same_run = {
+            "added_s": added,
+            "work_s": sum(iter_s[1:]) - added,
+            "path_ms": 1e3
+            * statistics.median((b["wall_s"] - b["worker_s"]) / b["requests"] for b in batches),
+            "in_worker_ms": 1e3
+            * statistics.median((b["worker_s"] - b["compute_s"]) / b["requests"] for b in batches),
+            "publish_ms": 1e3 * statistics.median(t["wall_s"] for t in timings if t["kind"] == "publish"),
+        }
     return iter_s[1:], [r["rewards"] for r in its], parts, same_run
 
 
@@ -101,7 +133,7 @@ def paired(args) -> None:
         ref = Loop(recipe(args, "in-process", 1, 0, out), progress=False)
         rt_recipe = recipe(args, "runtime", 1, 0, out)
         with LocalRuntime(rt_recipe) as rt:
-            run = Loop(rt_recipe, executor_factory=rt.executor, progress=False)
+            run = Loop(rt_recipe, executor=rt.executor, progress=False)
             print(f"{'iter':>4s} {'in-process s':>12s} {'runtime s':>10s} {'ratio':>6s}  first")
             ratios, pairs = [], []
             for it in range(args.iterations):
@@ -116,11 +148,16 @@ def paired(args) -> None:
                     ratios.append(tb / ta)
                     pairs.append((ta, tb))
     size = args.image_size or load_recipe("tiny").model.image_size
-    print(f"\n{args.model} model, {size}px, {args.prompts} prompts x G={args.group}, M={args.candidates}, "
-          f"{args.steps} steps; {len(ratios)} paired iterations; torch threads 1; cores {os.cpu_count()}")
-    print(f"runtime (1 worker) / in-process, same iteration, same minute: median {statistics.median(ratios):.3f}x, "
-          f"total {sum(b for _, b in pairs) / sum(a for a, _ in pairs):.3f}x "
-          f"(range {min(ratios):.3f}-{max(ratios):.3f}); same rewards every iteration: yes")
+    print(
+        f"\n{args.model} model, {size}px, {args.prompts} prompts x G={args.group}, M={args.candidates}, "
+        f"{args.steps} steps; {len(ratios)} paired iterations; torch threads 1; cores {os.cpu_count()}"
+    )
+    print(
+        f"runtime (1 worker) / in-process, same iteration, same minute: "
+        f"median {statistics.median(ratios):.3f}x, "
+        f"total {sum(b for _, b in pairs) / sum(a for a, _ in pairs):.3f}x "
+        f"(range {min(ratios):.3f}-{max(ratios):.3f}); same rewards every iteration: yes"
+    )
 
 
 def run_in_child(name: str, out: str) -> tuple:
@@ -142,10 +179,17 @@ def main() -> None:
     p.add_argument("--candidates", type=int, default=16)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--model", choices=sorted(MODELS), default="micro")
-    p.add_argument("--image-size", type=int, default=None, help="default: 16 for micro, the recipe's for tiny")
-    p.add_argument("--no-explore", dest="explore", action="store_false", help="random seeds (no explore phase)")
-    p.add_argument("--paired", action="store_true",
-                   help="step the in-process and the 1-worker runtime loops alternately in one process")
+    p.add_argument(
+        "--image-size", type=int, default=None, help="default: 16 for micro, the recipe's for tiny"
+    )
+    p.add_argument(
+        "--no-explore", dest="explore", action="store_false", help="random seeds (no explore phase)"
+    )
+    p.add_argument(
+        "--paired",
+        action="store_true",
+        help="step the in-process and the 1-worker runtime loops alternately in one process",
+    )
     p.add_argument("--one", choices=list(MODES), help=argparse.SUPPRESS)  # internal: one run, JSON out
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -156,7 +200,9 @@ def main() -> None:
         paired(args)
         return
     if args.one:
-        print(json.dumps(dict(zip(("its", "rewards", "parts", "same_run"), one_run(args, args.one, args.out)))))
+        print(
+            json.dumps(dict(zip(("its", "rewards", "parts", "same_run"), one_run(args, args.one, args.out))))
+        )
         return
     times: dict[str, list[float]] = {k: [] for k in MODES}
     parts: dict[str, list[dict]] = {k: [] for k in MODES}
@@ -174,25 +220,41 @@ def main() -> None:
                 assert rewards.setdefault(name, rw) == rw, f"{name}: rewards differ between repeats"
     same = all(rw == rewards["in-process"] for rw in rewards.values())
     base = statistics.median(times["in-process"])
-    model = "micro DiT (1 layer, 2x16 heads, random init" if args.model == "micro" else "tiny DiT (the demo's: 4 layers, 4x32 heads, base checkpoint"
+    model = (
+        "micro DiT (1 layer, 2x16 heads, random init"
+        if args.model == "micro"
+        else "tiny DiT (the demo's: 4 layers, 4x32 heads, base checkpoint"
+    )
     size = args.image_size or load_recipe("tiny").model.image_size
-    print(f"\n{model}, {size}px), {args.prompts} prompts x G={args.group}, "
-          f"M={args.candidates} candidates, {args.steps} steps; {args.iterations - 1} timed iterations x "
-          f"{args.repeats} repeats; torch threads 1; cores {os.cpu_count()}")
-    print(f"{'mode':18s} {'s/iter (median)':>16s} {'explore':>8s} {'rollout':>8s} {'train+pub':>9s} {'vs in-process':>14s}")
+    print(
+        f"\n{model}, {size}px), {args.prompts} prompts x G={args.group}, "
+        f"M={args.candidates} candidates, {args.steps} steps; {args.iterations - 1} timed iterations x "
+        f"{args.repeats} repeats; torch threads 1; cores {os.cpu_count()}"
+    )
+    print(
+        f"{'mode':18s} {'s/iter (median)':>16s} {'explore':>8s} {'rollout':>8s} {'train+pub':>9s} "
+        f"{'vs in-process':>14s}"
+    )
     for name in MODES:
         med = statistics.median(times[name])
         pm = {k: statistics.median(x[k] for x in parts[name]) for k in ("explore_s", "rollout_s", "train_s")}
-        print(f"{name:18s} {med:16.3f} {pm['explore_s']:8.3f} {pm['rollout_s']:8.3f} {pm['train_s']:9.3f} "
-              f"{med / base:13.3f}x")
+        print(
+            f"{name:18s} {med:16.3f} {pm['explore_s']:8.3f} {pm['rollout_s']:8.3f} {pm['train_s']:9.3f} "
+            f"{med / base:13.3f}x"
+        )
     added = sum(r["added_s"] for r in same_runs) / sum(r["work_s"] for r in same_runs)
     per_run = ", ".join(f"{100 * r['added_s'] / r['work_s']:.1f}%" for r in same_runs)
-    print(f"runtime 1 worker, same run: the runtime adds {100 * added:.1f}% to the work of an iteration "
-          f"(runs: {per_run})")
-    print(f"  per request (median): {statistics.median(r['path_ms'] for r in same_runs):.2f} ms outside the "
-          f"worker (queue, agent, result), {statistics.median(r['in_worker_ms'] for r in same_runs):.2f} ms inside it "
-          f"but not computing (commits, seal, weights); per iteration: publish "
-          f"{statistics.median(r['publish_ms'] for r in same_runs):.1f} ms")
+    print(
+        f"runtime 1 worker, same run: the runtime adds {100 * added:.1f}% to the work of an iteration "
+        f"(runs: {per_run})"
+    )
+    print(
+        f"  per request (median): {statistics.median(r['path_ms'] for r in same_runs):.2f} ms outside the "
+        f"worker (queue, agent, result), "
+        f"{statistics.median(r['in_worker_ms'] for r in same_runs):.2f} ms inside it "
+        f"but not computing (commits, seal, weights); per iteration: publish "
+        f"{statistics.median(r['publish_ms'] for r in same_runs):.1f} ms"
+    )
     print(f"same per-iteration rewards in every mode: {'yes' if same else 'NO'}")
 
 

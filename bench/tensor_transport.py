@@ -7,7 +7,8 @@ size, times ``client.put`` then ``client.get`` of one key through (a) the zero-c
 in; one copy out plus a generation check). The baseline is ``np.copyto`` of the same size into a
 preallocated array, measured in the same run. Each figure is the median of ``--reps`` timed
 calls after two warm-up calls (steady state: the service's recycled segments are warm, as they
-are for a worker committing every denoising step). ``get(out)`` reads into a preallocated array. GB/s = 1e9 bytes per second.
+are for a worker committing every denoising step). ``get(out)`` reads into a preallocated array.
+GB/s = 1e9 bytes per second.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ async def amedian_time(fn, reps: int, warmup: int = 2) -> float:
 
 async def measure(endpoint: str, sizes_mb: list[int], reps: int) -> list[dict]:
     rows = []
-    clients = {"tcp": TensorStoreClient.remote(endpoint, shm=False, timeout=60),
-               "shm": TensorStoreClient.remote(endpoint, shm=True, timeout=60)}
+    clients = {
+        "tcp": TensorStoreClient.remote(endpoint, shm=False, timeout=60),
+        "shm": TensorStoreClient.remote(endpoint, shm=True, timeout=60),
+    }
     async with clients["tcp"] as tcp, clients["shm"] as shm:
         assert shm.uses_shm and not tcp.uses_shm
         for mb in sizes_mb:
@@ -60,14 +63,15 @@ async def measure(endpoint: str, sizes_mb: list[int], reps: int) -> list[dict]:
             for name, client in (("tcp", tcp), ("shm", shm)):
                 key = f"bench/{name}/{mb}"
                 row[f"{name} put"] = nbytes / await amedian_time(
-                    lambda c=client, k=key, s=src: c.put(k, {"x": s}), reps)
+                    lambda c=client, k=key, s=src: c.put(k, {"x": s}), reps
+                )
                 got = (await client.get(key))[0]["x"]
                 assert np.array_equal(got, src), f"{name}: round trip changed the data"
                 del got
-                row[f"{name} get"] = nbytes / await amedian_time(
-                    lambda c=client, k=key: c.get(k), reps)
+                row[f"{name} get"] = nbytes / await amedian_time(lambda c=client, k=key: c.get(k), reps)
                 row[f"{name} get(out)"] = nbytes / await amedian_time(
-                    lambda c=client, k=key, d=dst: c.get(k, out={"x": d}), reps)
+                    lambda c=client, k=key, d=dst: c.get(k, out={"x": d}), reps
+                )
                 assert np.array_equal(dst, src)
                 await client.delete(key)
             rows.append(row)
@@ -95,8 +99,18 @@ def main() -> int:
     args = ap.parse_args()
     max_bytes = 4 * (max(args.sizes_mb) << 20)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spotlight.actors.store", "--bind", "tcp://127.0.0.1:0",
-         "--max-bytes", str(max_bytes)], stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "spotlight.actors.store",
+            "--bind",
+            "tcp://127.0.0.1:0",
+            "--max-bytes",
+            str(max_bytes),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()  # the service prints its endpoint once bound
         if not line.startswith("tensor store ready on "):

@@ -34,7 +34,9 @@ def main() -> None:
     name = load_recipe(args.recipe).run.prompts
     prompts = heldout_prompts(name) if args.suffix == "" else eval_train_prompts(name)
     imgs = [Image.open(p).convert("RGB") for p in (first, last)]
-    imgs = [im.resize((round(im.width * args.scale), round(im.height * args.scale)), Image.NEAREST) for im in imgs]
+    imgs = [
+        im.resize((round(im.width * args.scale), round(im.height * args.scale)), Image.NEAREST) for im in imgs
+    ]
     label_w, head, gap = 260, 18, 12
     w = label_w + imgs[0].width + gap + imgs[1].width
     h = head + imgs[0].height

@@ -23,8 +23,10 @@ from spotlight.errors import SpotlightError
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     try:
         return args.func(args) or 0
     except SpotlightError as e:  # one clear line, no traceback wall
@@ -56,26 +58,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    return [leaf for e in group.exceptions
-            for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
+    return [
+        leaf for e in group.exceptions for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="spotlight", description="GRPO post-training of DiTs on reserved + spot GPUs.")
+    p = argparse.ArgumentParser(
+        prog="spotlight", description="GRPO post-training of DiTs on reserved + spot GPUs."
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run a recipe (GRPO iterations, evaluation, checkpoints)",
-                         description="Run a recipe: a TOML file or a built-in name (tiny, ...), plus "
-                                     "section.field=value overrides.")
+    run = sub.add_parser(
+        "run",
+        help="run a recipe (GRPO iterations, evaluation, checkpoints)",
+        description="Run a recipe: a TOML file or a built-in name (tiny, ...), plus "
+        "section.field=value overrides.",
+    )
     run.add_argument("recipe", help="recipe file or built-in recipe name")
     run.add_argument("overrides", nargs="*", help="section.field=value, e.g. grpo.lr=5e-5")
     run.add_argument("--resume", action="store_true", help="continue from the run folder's newest checkpoint")
     run.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and CI)")
     run.set_defaults(func=_run)
 
-    pre = sub.add_parser("pretrain", help="pretrain the base model by flow matching on synthetic scenes",
-                         description="Pretrain the tiny DiT + text encoder on the synthetic compositional data set.")
+    pre = sub.add_parser(
+        "pretrain",
+        help="pretrain the base model by flow matching on synthetic scenes",
+        description="Pretrain the tiny DiT + text encoder on the synthetic compositional data set.",
+    )
     pre.add_argument("--minutes", type=float, default=25.0, help="wall-clock budget (default 25)")
     pre.add_argument("--max-steps", type=int, default=1_000_000)
     pre.add_argument("--seed", type=int, default=0)
@@ -85,32 +96,46 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("overrides", nargs="*", help="model.field=value, e.g. model.layers=2")
     pre.set_defaults(func=_pretrain)
 
-    ev = sub.add_parser("eval", help="evaluate a checkpoint: ODE on held-out prompts, ODE on training prompts, SDE",
-                        description="Evaluate a checkpoint as a run does: ODE sampler on held-out prompts (headline), "
-                                    "on training prompts, the rollout SDE; mean ± spread over seed sets.")
-    ev.add_argument("--checkpoint", default="builtin:base", help="spotlight .safetensors (default: the shipped base)")
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate a checkpoint: ODE on held-out prompts, ODE on training prompts, SDE",
+        description="Evaluate a checkpoint as a run does: ODE sampler on held-out prompts (headline), "
+        "on training prompts, the rollout SDE; mean ± spread over seed sets.",
+    )
+    ev.add_argument(
+        "--checkpoint", default="builtin:base", help="spotlight .safetensors (default: the shipped base)"
+    )
     ev.add_argument("--recipe", default="tiny", help="recipe giving prompts, sampler and eval settings")
     ev.add_argument("--out", type=Path, default=Path("runs/eval"), help="where the sample grid goes")
     ev.add_argument("overrides", nargs="*", help="section.field=value")
     ev.set_defaults(func=_eval)
 
-    exp = sub.add_parser("export", help="write a checkpoint as a diffusers model folder (+ LoRA adapter, text encoder)",
-                         description="Write a checkpoint for the ecosystem: transformer/ (diffusers save_pretrained), "
-                                     "lora/ (diffusers LoRA format, under LoRA), text_encoder/, tokenizer/, "
-                                     "spotlight.json (spotlight.export).")
+    exp = sub.add_parser(
+        "export",
+        help="write a checkpoint as a diffusers model folder (+ LoRA adapter, text encoder)",
+        description="Write a checkpoint for the ecosystem: transformer/ (diffusers save_pretrained), "
+        "lora/ (diffusers LoRA format, under LoRA), text_encoder/, tokenizer/, "
+        "spotlight.json (spotlight.export).",
+    )
     exp.add_argument("--checkpoint", required=True, help="spotlight .safetensors (or builtin:base)")
     exp.add_argument("--out", type=Path, required=True, help="folder to write")
     exp.set_defaults(func=_export)
 
-    keys = sub.add_parser("keys", help="make a CURVE key pair for authenticated TCP",
-                          description="Write NAME.key (public) and NAME.key_secret (secret) into OUT.")
+    keys = sub.add_parser(
+        "keys",
+        help="make a CURVE key pair for authenticated TCP",
+        description="Write NAME.key (public) and NAME.key_secret (secret) into OUT.",
+    )
     keys.add_argument("--out", type=Path, default=Path("keys"))
     keys.add_argument("--name", default="node")
     keys.set_defaults(func=_keys)
 
-    res = sub.add_parser("reserved", help="run the reserved side: controller, queue, store, trainer, reserved workers",
-                         description="Serve the queue, tensor store and controller on TCP, run reserved workers "
-                                     "and the trainer; spot nodes join with `spotlight agent --controller ...`.")
+    res = sub.add_parser(
+        "reserved",
+        help="run the reserved side: controller, queue, store, trainer, reserved workers",
+        description="Serve the queue, tensor store and controller on TCP, run reserved workers "
+        "and the trainer; spot nodes join with `spotlight agent --controller ...`.",
+    )
     res.add_argument("recipe", help="recipe file or built-in recipe name")
     res.add_argument("overrides", nargs="*", help="section.field=value")
     from spotlight.actors.config import ServeConfig
@@ -123,8 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from spotlight.actors.node.service import build_parser as agent_parser
 
-    agent = sub.add_parser("agent", parents=[agent_parser(add_help=False)], help="run a node agent (a spot node)",
-                           description="Join a run: register with the controller, start workers, pull requests.")
+    agent = sub.add_parser(
+        "agent",
+        parents=[agent_parser(add_help=False)],
+        help="run a node agent (a spot node)",
+        description="Join a run: register with the controller, start workers, pull requests.",
+    )
     agent.set_defaults(func=_agent)
     return p
 
@@ -145,8 +174,17 @@ def _pretrain(args) -> int:
     from spotlight.recipe import load_recipe
 
     model = load_recipe({"model": {"checkpoint": None}}, args.overrides).model
-    pretrain(PretrainConfig(model=model, minutes=args.minutes, max_steps=args.max_steps, seed=args.seed, lr=args.lr,
-                            ema_decay=args.ema_decay), args.out)
+    pretrain(
+        PretrainConfig(
+            model=model,
+            minutes=args.minutes,
+            max_steps=args.max_steps,
+            seed=args.seed,
+            lr=args.lr,
+            ema_decay=args.ema_decay,
+        ),
+        args.out,
+    )
     return 0
 
 
@@ -154,16 +192,41 @@ def _eval(args) -> int:
     from spotlight.loop import Loop
     from spotlight.recipe import load_recipe
 
-    recipe = load_recipe(args.recipe, [f"model.checkpoint={json.dumps(args.checkpoint)}",
-                                       f"run.out_dir={json.dumps(str(args.out))}", "run.name=\"eval\"", *args.overrides])
+    recipe = load_recipe(
+        args.recipe,
+        [
+            f"model.checkpoint={json.dumps(args.checkpoint)}",
+            f"run.out_dir={json.dumps(str(args.out))}",
+            'run.name="eval"',
+            *args.overrides,
+        ],
+    )
     loop = Loop(recipe, progress=False)
     result = loop.evaluate(0)
-    suites = {k.removeprefix("eval_"): {"reward": result[k], "spread": result[f"{k}_std"],
-                                        "per_seed_set": result[f"{k}_per_set"], "parts": result.get(f"{k}_parts")}
-              for k in ("eval_ode_heldout", "eval_ode_train", "eval_sde_train") if k in result}
-    print(json.dumps({"checkpoint": args.checkpoint, "headline": result["eval_headline"],
-                      "eval_reward": result["eval_reward"], "eval_reward_std": result["eval_reward_std"],
-                      **suites, "fm_loss": result["fm_loss"], "samples": str(loop.out / "samples")}, indent=2))
+    suites = {
+        k.removeprefix("eval_"): {
+            "reward": result[k],
+            "spread": result[f"{k}_std"],
+            "per_seed_set": result[f"{k}_per_set"],
+            "parts": result.get(f"{k}_parts"),
+        }
+        for k in ("eval_ode_heldout", "eval_ode_train", "eval_sde_train")
+        if k in result
+    }
+    print(
+        json.dumps(
+            {
+                "checkpoint": args.checkpoint,
+                "headline": result["eval_headline"],
+                "eval_reward": result["eval_reward"],
+                "eval_reward_std": result["eval_reward_std"],
+                **suites,
+                "fm_loss": result["fm_loss"],
+                "samples": str(loop.out / "samples"),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 
@@ -193,11 +256,16 @@ def _reserved(args) -> int:
 
     _sigterm_as_interrupt()
     # No local spot workers unless asked for; the actors serve on TCP for spot nodes elsewhere.
-    recipe = load_recipe(args.recipe, ["runtime.spot_workers=0", *args.overrides, 'run.mode="runtime"',
-                                       'runtime.transport="tcp"'])
+    recipe = load_recipe(
+        args.recipe,
+        ["runtime.spot_workers=0", *args.overrides, 'run.mode="runtime"', 'runtime.transport="tcp"'],
+    )
     with LocalRuntime(recipe, serve=ServeConfig(**given(args, ServeConfig))) as rt:
-        print(f"controller listening on {rt.endpoint}\nspot nodes join with: launch/spot.sh --controller "
-              f"{rt.endpoint}", flush=True)
+        print(
+            f"controller listening on {rt.endpoint}\nspot nodes join with: launch/spot.sh --controller "
+            f"{rt.endpoint}",
+            flush=True,
+        )
         summary = Loop(recipe, executor=rt.executor, resume=args.resume, progress=not args.no_progress).run()
     print(json.dumps(summary, indent=2))
     return 0

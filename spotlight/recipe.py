@@ -55,8 +55,15 @@ class RunConfig:
     """'in-process' (the reference loop) or 'runtime' (actors in local processes; ``[runtime]``)."""
 
     def __post_init__(self) -> None:
-        for name in ("iterations", "prompts_per_iteration", "group_size", "eval_every", "eval_seeds",
-                     "eval_samples", "checkpoint_every"):
+        for name in (
+            "iterations",
+            "prompts_per_iteration",
+            "group_size",
+            "eval_every",
+            "eval_seeds",
+            "eval_samples",
+            "checkpoint_every",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
         if self.group_size < 2:
@@ -80,15 +87,23 @@ class Recipe:
     def __post_init__(self) -> None:
         if self.explore.enabled:
             if self.run.group_size % 2:
-                raise ConfigError(f"run.group_size must be even when explore.enabled, got {self.run.group_size}")
+                raise ConfigError(
+                    f"run.group_size must be even when explore.enabled, got {self.run.group_size}"
+                )
             if self.explore.candidates < self.run.group_size:
-                raise ConfigError(f"explore.candidates ({self.explore.candidates}) must be >= run.group_size "
-                                  f"({self.run.group_size})")
+                raise ConfigError(
+                    f"explore.candidates ({self.explore.candidates}) must be >= run.group_size "
+                    f"({self.run.group_size})"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain tables `load_recipe` reads back (a section with its own table form uses it)."""
-        return {f.name: (s.to_table() if hasattr(s := getattr(self, f.name), "to_table") else dataclasses.asdict(s))
-                for f in dataclasses.fields(self)}
+        return {
+            f.name: (
+                s.to_table() if hasattr(s := getattr(self, f.name), "to_table") else dataclasses.asdict(s)
+            )
+            for f in dataclasses.fields(self)
+        }
 
 
 SECTIONS: dict[str, type] = get_type_hints(Recipe)  # section name -> its config dataclass
@@ -128,8 +143,10 @@ def _find(source: str | Path) -> Path:
     builtin = RECIPES_DIR / f"{source}.toml"
     if builtin.is_file():
         return builtin
-    raise NotFound(f"recipe {source}: no such file (built-in recipes: "
-                   f"{', '.join(p.stem for p in sorted(RECIPES_DIR.glob('*.toml')))})")
+    raise NotFound(
+        f"recipe {source}: no such file (built-in recipes: "
+        f"{', '.join(p.stem for p in sorted(RECIPES_DIR.glob('*.toml')))})"
+    )
 
 
 def _parse_value(raw: str) -> Any:

@@ -70,8 +70,7 @@ def raise_error(reply: ErrorReply) -> None:
     raise RemoteError(f"{reply.code}: {reply.message}")
 
 
-async def shutdown_group(tg: asyncio.TaskGroup, tasks: set[asyncio.Task],
-                         exc_info: tuple) -> None:
+async def shutdown_group(tg: asyncio.TaskGroup, tasks: set[asyncio.Task], exc_info: tuple) -> None:
     """Leave a TaskGroup entered by hand in ``__aenter__``: cancel and await ``tasks`` (the ones
     the owner runs until told to stop). A task's failure is raised (as the TaskGroup's
     ExceptionGroup); an exception from the ``async with`` body propagates as itself, unwrapped,
@@ -96,14 +95,19 @@ class RpcServer:
     receiving, cancels and awaits every handler task, and closes the socket.
     """
 
-    def __init__(self, handlers: Mapping[type[Message], Handler], *, bind: str,
-                 limits: Limits = DEFAULT_LIMITS, curve: CurveServerKeys | None = None,
-                 context: zmq.asyncio.Context | None = None) -> None:
+    def __init__(
+        self,
+        handlers: Mapping[type[Message], Handler],
+        *,
+        bind: str,
+        limits: Limits = DEFAULT_LIMITS,
+        curve: CurveServerKeys | None = None,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
         self._handlers = dict(handlers)
         self._bind, self._limits, self._curve = bind, limits, curve
         self._own_ctx = curve is not None and context is None
-        self._ctx = zmq.asyncio.Context() if self._own_ctx else (
-            context or zmq.asyncio.Context.instance())
+        self._ctx = zmq.asyncio.Context() if self._own_ctx else (context or zmq.asyncio.Context.instance())
         self._auth: AsyncioAuthenticator | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._raw: zmq.Socket | None = None  # the same socket, plain (non-asyncio) API
@@ -115,8 +119,7 @@ class RpcServer:
     async def __aenter__(self) -> RpcServer:
         sock = self._ctx.socket(zmq.ROUTER)
         try:
-            sock.setsockopt(zmq.MAXMSGSIZE, max(self._limits.max_frame_bytes,
-                                                self._limits.max_header_bytes))
+            sock.setsockopt(zmq.MAXMSGSIZE, max(self._limits.max_frame_bytes, self._limits.max_header_bytes))
             if self._curve is not None:
                 self._auth = AsyncioAuthenticator(self._ctx)
                 self._auth.start()
@@ -144,7 +147,7 @@ class RpcServer:
             _close_socket(self._sock)
             self._stop_auth()
             if self.endpoint.startswith("ipc://"):  # libzmq leaves the socket file behind
-                Path(self.endpoint[len("ipc://"):]).unlink(missing_ok=True)
+                Path(self.endpoint[len("ipc://") :]).unlink(missing_ok=True)
 
     def _stop_auth(self) -> None:
         if self._auth is not None:
@@ -207,8 +210,7 @@ class RpcServer:
         except Exception as e:  # answered to the caller, never swallowed silently
             return self._handler_failed(msg, e)
 
-    async def _finish(self, pending: Awaitable[Message], msg: Message, ident: bytes,
-                      corr: bytes) -> None:
+    async def _finish(self, pending: Awaitable[Message], msg: Message, ident: bytes, corr: bytes) -> None:
         try:
             reply = await pending
         except Exception as e:
@@ -259,9 +261,15 @@ class RpcClient:
     cancels and awaits it; calls still waiting then fail with ``ActorTimeout``.
     """
 
-    def __init__(self, endpoint: str, *, timeout: float = 10.0, limits: Limits = DEFAULT_LIMITS,
-                 curve: CurveClientKeys | None = None,
-                 context: zmq.asyncio.Context | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout: float = 10.0,
+        limits: Limits = DEFAULT_LIMITS,
+        curve: CurveClientKeys | None = None,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
         if timeout <= 0:
             raise ValueError(f"RpcClient timeout must be > 0, got {timeout}")
         self.endpoint, self.timeout, self._limits, self._curve = endpoint, timeout, limits, curve
@@ -276,8 +284,7 @@ class RpcClient:
     async def __aenter__(self) -> RpcClient:
         sock = self._ctx.socket(zmq.DEALER)
         try:
-            sock.setsockopt(zmq.MAXMSGSIZE, max(self._limits.max_frame_bytes,
-                                                self._limits.max_header_bytes))
+            sock.setsockopt(zmq.MAXMSGSIZE, max(self._limits.max_frame_bytes, self._limits.max_header_bytes))
             if self._curve is not None:
                 sock.curve_secretkey = self._curve.secret
                 sock.curve_publickey = self._curve.public
@@ -340,7 +347,9 @@ class RpcClient:
                     await self._sock.send_multipart(frames, copy=False)
         except TimeoutError:
             self._pending.pop(corr, None)
-            raise ActorTimeout(f"{type(msg).__name__} to {self.endpoint}: not sent within {wait:g}s") from None
+            raise ActorTimeout(
+                f"{type(msg).__name__} to {self.endpoint}: not sent within {wait:g}s"
+            ) from None
         except BaseException:
             self._pending.pop(corr, None)
             raise
@@ -351,8 +360,9 @@ class RpcClient:
             async with asyncio.timeout(wait):
                 reply = await fut
         except TimeoutError:
-            raise ActorTimeout(f"{type(msg).__name__} to {self.endpoint}: no reply within "
-                               f"{wait:g}s") from None
+            raise ActorTimeout(
+                f"{type(msg).__name__} to {self.endpoint}: no reply within {wait:g}s"
+            ) from None
         finally:
             self._pending.pop(corr, None)
         if isinstance(reply, ErrorReply):
@@ -383,6 +393,9 @@ class RpcClient:
         except BaseException as e:
             for fut in self._pending.values():
                 if not fut.done():
-                    fut.set_exception(ActorTimeout(f"client to {self.endpoint} closed")
-                                      if isinstance(e, asyncio.CancelledError) else e)
+                    fut.set_exception(
+                        ActorTimeout(f"client to {self.endpoint} closed")
+                        if isinstance(e, asyncio.CancelledError)
+                        else e
+                    )
             raise

@@ -113,7 +113,10 @@ def render(scene: Scene, size: int, rng: random.Random) -> np.ndarray:
         draw = ImageDraw.Draw(img)
         boxes: list[tuple[int, int, int, int]] = []
         if scene.relation is not None:
-            todo = [(g, r, rng.randint(lo, hi)) for g, r in zip(scene.groups, _relation_regions(scene.relation, size))]
+            todo = [
+                (g, r, rng.randint(lo, hi))
+                for g, r in zip(scene.groups, _relation_regions(scene.relation, size))
+            ]
         else:
             (g,) = scene.groups
             todo = [(g, (0, 0, size, size), rng.randint(lo, hi - g.count + 1)) for _ in range(g.count)]

@@ -49,11 +49,22 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dit_class not in SUPPORTED:
             raise ConfigError(f"model.dit_class: {self.dit_class!r} is not one of {', '.join(SUPPORTED)}")
-        for name in ("image_size", "channels", "patch", "layers", "heads", "head_dim", "text_dim", "text_layers"):
+        for name in (
+            "image_size",
+            "channels",
+            "patch",
+            "layers",
+            "heads",
+            "head_dim",
+            "text_dim",
+            "text_layers",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model.{name} must be > 0, got {getattr(self, name)}")
         if self.image_size % self.patch:
-            raise ConfigError(f"model.image_size ({self.image_size}) must be a multiple of model.patch ({self.patch})")
+            raise ConfigError(
+                f"model.image_size ({self.image_size}) must be a multiple of model.patch ({self.patch})"
+            )
         if self.head_dim % 4:
             raise ConfigError(f"model.head_dim must be a multiple of 4 (RoPE axes), got {self.head_dim}")
 
@@ -68,18 +79,42 @@ def tiny_dit(cfg: ModelConfig) -> nn.Module:
     side = cfg.head_dim * 3 // 8
     rope = (cfg.head_dim - 2 * side, side, side)
     if cfg.dit_class == "QwenImageTransformer2DModel":
-        return cls(patch_size=cfg.patch, in_channels=tokens_in, out_channels=cfg.channels, num_layers=cfg.layers,
-                   attention_head_dim=cfg.head_dim, num_attention_heads=cfg.heads,
-                   joint_attention_dim=cfg.text_dim, axes_dims_rope=rope)
+        return cls(
+            patch_size=cfg.patch,
+            in_channels=tokens_in,
+            out_channels=cfg.channels,
+            num_layers=cfg.layers,
+            attention_head_dim=cfg.head_dim,
+            num_attention_heads=cfg.heads,
+            joint_attention_dim=cfg.text_dim,
+            axes_dims_rope=rope,
+        )
     if cfg.dit_class == "FluxTransformer2DModel":
-        return cls(patch_size=1, in_channels=tokens_in, out_channels=tokens_in, num_layers=cfg.layers // 2 or 1,
-                   num_single_layers=cfg.layers - cfg.layers // 2, attention_head_dim=cfg.head_dim,
-                   num_attention_heads=cfg.heads, joint_attention_dim=cfg.text_dim,
-                   pooled_projection_dim=cfg.text_dim, axes_dims_rope=rope)
-    return cls(sample_size=cfg.image_size, patch_size=cfg.patch, in_channels=cfg.channels, num_layers=cfg.layers,
-               attention_head_dim=cfg.head_dim, num_attention_heads=cfg.heads, joint_attention_dim=cfg.text_dim,
-               caption_projection_dim=cfg.heads * cfg.head_dim, pooled_projection_dim=cfg.text_dim,
-               out_channels=cfg.channels, pos_embed_max_size=cfg.image_size // cfg.patch)
+        return cls(
+            patch_size=1,
+            in_channels=tokens_in,
+            out_channels=tokens_in,
+            num_layers=cfg.layers // 2 or 1,
+            num_single_layers=cfg.layers - cfg.layers // 2,
+            attention_head_dim=cfg.head_dim,
+            num_attention_heads=cfg.heads,
+            joint_attention_dim=cfg.text_dim,
+            pooled_projection_dim=cfg.text_dim,
+            axes_dims_rope=rope,
+        )
+    return cls(
+        sample_size=cfg.image_size,
+        patch_size=cfg.patch,
+        in_channels=cfg.channels,
+        num_layers=cfg.layers,
+        attention_head_dim=cfg.head_dim,
+        num_attention_heads=cfg.heads,
+        joint_attention_dim=cfg.text_dim,
+        caption_projection_dim=cfg.heads * cfg.head_dim,
+        pooled_projection_dim=cfg.text_dim,
+        out_channels=cfg.channels,
+        pos_embed_max_size=cfg.image_size // cfg.patch,
+    )
 
 
 def load_dit(dit_class: str, path: str | Path) -> nn.Module:
@@ -121,25 +156,44 @@ class DiffusionModel(nn.Module):
         ids, mask = ids.to(device), mask.to(device)
         return self.text(ids, mask), mask
 
-    def velocity(self, x: torch.Tensor, t: torch.Tensor, text: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def velocity(
+        self, x: torch.Tensor, t: torch.Tensor, text: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
         """Velocity for pixels x [B, C, H, W] at times t [B] in [0, 1] given encoded text."""
         hidden, mask = text
         cfg, (b, c, h, w) = self.cfg, x.shape
         if cfg.dit_class == "SD3Transformer2DModel":
-            return self.dit(hidden_states=x, encoder_hidden_states=hidden, pooled_projections=_pool(hidden, mask),
-                            timestep=t * 1000, return_dict=False)[0]
+            return self.dit(
+                hidden_states=x,
+                encoder_hidden_states=hidden,
+                pooled_projections=_pool(hidden, mask),
+                timestep=t * 1000,
+                return_dict=False,
+            )[0]
         tokens = patchify(x, cfg.patch)
         gh, gw = h // cfg.patch, w // cfg.patch
         if cfg.dit_class == "QwenImageTransformer2DModel":
-            out = self.dit(hidden_states=tokens, encoder_hidden_states=hidden, encoder_hidden_states_mask=mask,
-                           timestep=t, img_shapes=[[(1, gh, gw)]] * b, return_dict=False)[0]
+            out = self.dit(
+                hidden_states=tokens,
+                encoder_hidden_states=hidden,
+                encoder_hidden_states_mask=mask,
+                timestep=t,
+                img_shapes=[[(1, gh, gw)]] * b,
+                return_dict=False,
+            )[0]
         else:  # Flux: explicit RoPE position ids, timestep in [0, 1]
             img_ids = torch.zeros(gh, gw, 3, device=x.device)
             img_ids[..., 1] = torch.arange(gh, device=x.device)[:, None]
             img_ids[..., 2] = torch.arange(gw, device=x.device)[None, :]
-            out = self.dit(hidden_states=tokens, encoder_hidden_states=hidden, pooled_projections=_pool(hidden, mask),
-                           timestep=t, img_ids=img_ids.reshape(-1, 3),
-                           txt_ids=torch.zeros(hidden.shape[1], 3, device=x.device), return_dict=False)[0]
+            out = self.dit(
+                hidden_states=tokens,
+                encoder_hidden_states=hidden,
+                pooled_projections=_pool(hidden, mask),
+                timestep=t,
+                img_ids=img_ids.reshape(-1, 3),
+                txt_ids=torch.zeros(hidden.shape[1], 3, device=x.device),
+                return_dict=False,
+            )[0]
         return unpatchify(out, cfg.patch, c, h, w)
 
     # --- checkpoints -----------------------------------------------------------------------
@@ -147,9 +201,13 @@ class DiffusionModel(nn.Module):
         """One safetensors file holding DiT + text encoder weights; configs in its metadata."""
         from safetensors.torch import save_file
 
-        meta = {"model": json.dumps(asdict(self.cfg)), "dit_config": json.dumps(dict(self.dit.config)),
-                "text": json.dumps(self.text.config), "vocabulary": json.dumps(self.tokenizer.vocabulary),
-                "extra": json.dumps(extra or {})}
+        meta = {
+            "model": json.dumps(asdict(self.cfg)),
+            "dit_config": json.dumps(dict(self.dit.config)),
+            "text": json.dumps(self.text.config),
+            "vocabulary": json.dumps(self.tokenizer.vocabulary),
+            "extra": json.dumps(extra or {}),
+        }
         if (lora := lora_config(self.dit)) is not None:  # the adapter's peft config, to re-attach it on load
             meta["lora"] = json.dumps(lora)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
@@ -183,7 +241,10 @@ BUILTIN_BASE = Path(__file__).resolve().parent.parent / "assets" / "base.safeten
 def resolve_checkpoint(path: str) -> Path:
     p = BUILTIN_BASE if path == "builtin:base" else Path(path)
     if not p.is_file():
-        raise NotFound(f"model.checkpoint: {p} does not exist" + (" (run `spotlight pretrain`)" if path == "builtin:base" else ""))
+        raise NotFound(
+            f"model.checkpoint: {p} does not exist"
+            + (" (run `spotlight pretrain`)" if path == "builtin:base" else "")
+        )
     return p
 
 
@@ -213,11 +274,16 @@ def build_model(cfg: ModelConfig, vocabulary, *, merge_lora: bool = True) -> Dif
         elif "lora" in meta:
             attach_lora(model.dit, json.loads(meta["lora"]))
         elif any(".lora_A." in k for k in state):
-            raise ConfigError(f"model.checkpoint {path}: LoRA weights without the adapter's config (saved "
-                              f"before checkpoints recorded it), so its scale lora_alpha/r is unknown")
+            raise ConfigError(
+                f"model.checkpoint {path}: LoRA weights without the adapter's config (saved "
+                f"before checkpoints recorded it), so its scale lora_alpha/r is unknown"
+            )
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or (missing and cfg.dit_path is None):
-            raise ConfigError(f"model.checkpoint {path}: weights do not match (missing {missing[:3]}, unexpected {unexpected[:3]})")
+            raise ConfigError(
+                f"model.checkpoint {path}: weights do not match "
+                f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+            )
         if merge_lora and lora_config(model.dit) is not None:
             model.dit.fuse_lora()
             model.dit.unload_lora()  # the fused base layers stay, the adapter layers go
@@ -228,7 +294,12 @@ def build_model(cfg: ModelConfig, vocabulary, *, merge_lora: bool = True) -> Dif
 
 def _assemble(cfg: ModelConfig, vocabulary, text_cfg: dict | None) -> DiffusionModel:
     tokenizer = WordTokenizer(vocabulary)
-    text_cfg = text_cfg or dict(vocab_size=len(tokenizer), dim=cfg.text_dim, layers=cfg.text_layers, heads=4,
-                                max_length=tokenizer.max_length)
+    text_cfg = text_cfg or dict(
+        vocab_size=len(tokenizer),
+        dim=cfg.text_dim,
+        layers=cfg.text_layers,
+        heads=4,
+        max_length=tokenizer.max_length,
+    )
     dit = load_dit(cfg.dit_class, cfg.dit_path) if cfg.dit_path else tiny_dit(cfg)
     return DiffusionModel(cfg, dit, TextEncoder(**text_cfg), tokenizer)

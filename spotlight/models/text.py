@@ -41,7 +41,9 @@ class TextEncoder(nn.Module):
         self.config = dict(vocab_size=vocab_size, dim=dim, layers=layers, heads=heads, max_length=max_length)
         self.tokens = nn.Embedding(vocab_size, dim)
         self.positions = nn.Parameter(torch.randn(max_length, dim) * 0.02)
-        layer = nn.TransformerEncoderLayer(dim, heads, dim * 4, dropout=0.0, batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, dim * 4, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(dim)
 

@@ -28,13 +28,24 @@ from spotlight.work import policy_model as build_policy_model
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 STEPS = 8
-TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16",
-        "model.image_size=16", "model.patch=4", f"sampler.steps={STEPS}", "run.group_size=4",
-        "explore.candidates=4",
-        "runtime.reserved_workers=1", "runtime.spot_workers=1",
-        # A short lease (beats every 0.3 s): an uninterrupted request (>= 8 x 50 ms) outlives a
-        # beat interval, so the agents' heartbeats must keep it leased (no expiry is asserted).
-        "runtime.lease_s=0.9", "runtime.heartbeat_s=0.3"]
+TINY = [
+    "model.checkpoint=none",
+    "model.layers=1",
+    "model.heads=2",
+    "model.head_dim=16",
+    "model.image_size=16",
+    "model.patch=4",
+    f"sampler.steps={STEPS}",
+    "sampler.sde_steps=none",
+    "run.group_size=4",
+    "explore.candidates=4",
+    "runtime.reserved_workers=1",
+    "runtime.spot_workers=1",
+    # A short lease (beats every 0.3 s): an uninterrupted request (>= 8 x 50 ms) outlives a
+    # beat interval, so the agents' heartbeats must keep it leased (no expiry is asserted).
+    "runtime.lease_s=0.9",
+    "runtime.heartbeat_s=0.3",
+]
 SEEDS = [11, 12, 13, 14]
 # Measured leave time = the agent's leave budget + its process's exit (interpreter teardown) and
 # its workers' deaths, which on a loaded 2-core machine (load ~7) took 4 s on top of the budget:
@@ -111,8 +122,9 @@ def test_sigkilled_worker_resumes_elsewhere_bit_identical(runtime):
     assert stats["released"] >= 1 and stats["expired"] == 0  # released at once, not left to expire
     # The agent restarts its worker: the node is whole again.
     kind = meta["worker"].split("/")[0].removeprefix("local-")
-    wait_for(lambda: [p for p in descendants(rt.agents[kind].pid) if p != victim], 60, "a restarted worker",
-             0.1)
+    wait_for(
+        lambda: [p for p in descendants(rt.agents[kind].pid) if p != victim], 60, "a restarted worker", 0.1
+    )
 
 
 class FakeMetadata(BaseHTTPRequestHandler):
@@ -145,8 +157,8 @@ def metadata():
     thread.start()
     FakeMetadata.notice.update(aws=False, gcp=False)
     yield f"http://127.0.0.1:{server.server_port}", FakeMetadata.notice
-    server.server_close()
     server.shutdown()
+    server.server_close()
     thread.join(5)
 
 
@@ -163,10 +175,26 @@ def test_metadata_notice_makes_agent_leave(runtime, metadata):
     url, notice = metadata
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SPOTLIGHT_DIE_WITH_PARENT": "1"}
     agent = subprocess.Popen(
-        [sys.executable, "-m", "spotlight.actors.node", "--controller", runtime.controller.endpoint,
-         "--workers", "1", "--node-id", "meta-node", "--metadata-poll-s", "0.1",
-         "--metadata-url", f"{url}/latest/meta-data/spot/instance-action"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "spotlight.actors.node",
+            "--controller",
+            runtime.controller.endpoint,
+            "--workers",
+            "1",
+            "--node-id",
+            "meta-node",
+            "--metadata-poll-s",
+            "0.1",
+            "--metadata-url",
+            f"{url}/latest/meta-data/spot/instance-action",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
     try:
         assert agent.stdout.readline().startswith(b"agent ready meta-node")
         workers = descendants(agent.pid)
@@ -191,8 +219,15 @@ def test_sigterm_agent_commits_releases_and_exits_within_its_leave_budget(runtim
     submit(rt, 101, ids)
     # Both workers busy; the spot agent's request has a commit.
     metas = wait_for(lambda: [m for m in (rt.call(rt.store.get_commit(r)) for r in ids) if m], 60, "commits")
-    spot = wait_for(lambda: [r for r in ids if (c := rt.call(rt.store.get_commit(r)))
-                             and c[2]["worker"].startswith("local-spot")], 60, "a commit from the spot node")
+    spot = wait_for(
+        lambda: [
+            r
+            for r in ids
+            if (c := rt.call(rt.store.get_commit(r))) and c[2]["worker"].startswith("local-spot")
+        ],
+        60,
+        "a commit from the spot node",
+    )
     assert metas
     agent = rt.agents["spot"].proc  # its supervisor counts a clean exit (0) as a node leaving
     workers = descendants(agent.pid)

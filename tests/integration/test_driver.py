@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from spotlight import work
-from spotlight.recipe import load_recipe
 from spotlight.actors.runtime import LocalRuntime
 from spotlight.comm import messages as m
 from spotlight.loop import LocalExecutor
+from spotlight.recipe import load_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -24,7 +24,7 @@ TINY = [
     "model.head_dim=16",
     "model.image_size=16",
     "model.patch=4",
-    "sampler.steps=3",
+    "sampler.steps=3", "sampler.sde_steps=none",
     "runtime.reserved_workers=1",
     "runtime.spot_workers=1",
 ]

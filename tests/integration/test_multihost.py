@@ -41,11 +41,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(240)]
 
 RESERVED_IP, SPOT_IP = "10.231.0.1", "10.231.0.2"
 ITERATIONS, PROMPTS, GROUP, STEPS, IMAGE = 2, 8, 2, 4, 16
-TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16", f"model.image_size={IMAGE}",
-        "model.patch=4", "model.text_dim=32", "model.text_layers=1", f"sampler.steps={STEPS}", "sampler.sde_steps=2",
-        "sampler.eval_steps=4", "sampler.noise_patch=4", f"run.prompts_per_iteration={PROMPTS}",
-        f"run.group_size={GROUP}", "explore.enabled=false", "run.eval_seeds=1", "run.eval_samples=1",
-        "runtime.reserved_workers=0"]  # the reserved host only trains: every rollout is the spot host's
+TINY = [
+    "model.checkpoint=none",
+    "model.layers=1",
+    "model.heads=2",
+    "model.head_dim=16",
+    f"model.image_size={IMAGE}",
+    "model.patch=4",
+    "model.text_dim=32",
+    "model.text_layers=1",
+    f"sampler.steps={STEPS}",
+    "sampler.sde_steps=2",
+    "sampler.eval_steps=4",
+    "sampler.noise_patch=4",
+    f"run.prompts_per_iteration={PROMPTS}",
+    f"run.group_size={GROUP}",
+    "explore.enabled=false",
+    "run.eval_seeds=1",
+    "run.eval_samples=1",
+    "runtime.reserved_workers=0",
+]  # the reserved host only trains: every rollout is the spot host's
 START_S = 120.0  # a process's readiness line (2 cores: torch imports in several processes at once)
 LEAVE_S = 5.0  # SIGTERM to exit, for a spot agent whose reserved host is already gone
 _ids = count()
@@ -117,8 +132,14 @@ class Proc:
 
     def __init__(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
         self.name = name
-        self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, env=env, start_new_session=True)
+        self.popen = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._eof: set[str] = set()
         self._cond = threading.Condition()
@@ -150,8 +171,10 @@ class Proc:
         with self._cond:
             self._cond.wait_for(found, timeout)
         if hit is None:
-            raise AssertionError(f"{self.name}: no {stream} line matching {pattern!r} within {timeout}s "
-                                 f"(exit {self.popen.poll()})\n{self.tail()}")
+            raise AssertionError(
+                f"{self.name}: no {stream} line matching {pattern!r} within {timeout}s "
+                f"(exit {self.popen.poll()})\n{self.tail()}"
+            )
         return hit
 
     def wait(self, timeout: float) -> int:
@@ -233,9 +256,27 @@ SPOTLIGHT = [sys.executable, "-m", "spotlight.cli"]
 
 def start_reserved(procs: Procs, hosts: Hosts, keys: Path, out: Path, *overrides: str) -> tuple[Proc, str]:
     """`spotlight reserved` on the reserved host; returns it and the controller endpoint it prints."""
-    cmd = ["ip", "netns", "exec", hosts.reserved, *SPOTLIGHT, "-v", "reserved", "tiny", *TINY,
-           f'run.out_dir="{out}"', 'run.name="multihost"', *overrides,
-           "--host", RESERVED_IP, "--port", "0", "--keys", str(keys), "--no-progress"]
+    cmd = [
+        "ip",
+        "netns",
+        "exec",
+        hosts.reserved,
+        *SPOTLIGHT,
+        "-v",
+        "reserved",
+        "tiny",
+        *TINY,
+        f'run.out_dir="{out}"',
+        'run.name="multihost"',
+        *overrides,
+        "--host",
+        RESERVED_IP,
+        "--port",
+        "0",
+        "--keys",
+        str(keys),
+        "--no-progress",
+    ]
     proc = procs.start("reserved", cmd, _env())
     endpoint = proc.wait_line("stdout", r"^controller listening on (tcp://\S+)", START_S).group(1)
     assert endpoint.startswith(f"tcp://{RESERVED_IP}:")
@@ -246,9 +287,32 @@ def start_reserved(procs: Procs, hosts: Hosts, keys: Path, out: Path, *overrides
 def start_spot(procs: Procs, hosts: Hosts, endpoint: str, keys: Path, node_id: str) -> Proc:
     """`spotlight agent` on the spot host, in its own mount namespace with a private /dev/shm."""
     shell = 'mount -t tmpfs -o size=64m,mode=1777 spl-private-shm /dev/shm && exec "$@"'
-    cmd = ["ip", "netns", "exec", hosts.spot, "unshare", "--mount", "--propagation", "private",
-           "sh", "-c", shell, "spot-host", *SPOTLIGHT, "agent", "--controller", endpoint, "--workers", "1",
-           "--keys", str(keys), "--node-id", node_id, "--log-level", "INFO"]
+    cmd = [
+        "ip",
+        "netns",
+        "exec",
+        hosts.spot,
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        shell,
+        "spot-host",
+        *SPOTLIGHT,
+        "agent",
+        "--controller",
+        endpoint,
+        "--workers",
+        "1",
+        "--keys",
+        str(keys),
+        "--node-id",
+        node_id,
+        "--log-level",
+        "INFO",
+    ]
     return procs.start(node_id, cmd, _env())
 
 
@@ -269,7 +333,9 @@ def published_weight_bytes(out: Path) -> int:
     """Bytes of one weights version: the model the trainer publishes is the one its checkpoint holds."""
     from safetensors.numpy import load_file
 
-    return sum(a.nbytes for a in load_file(str(out / "checkpoints" / f"iter_{ITERATIONS:04d}.safetensors")).values())
+    return sum(
+        a.nbytes for a in load_file(str(out / "checkpoints" / f"iter_{ITERATIONS:04d}.safetensors")).values()
+    )
 
 
 # --- the tests ----------------------------------------------------------------------------------------
@@ -296,7 +362,7 @@ def test_spot_host_does_rollouts_over_tcp(hosts, procs, tmp_path):
 
     # The run: the summary JSON it prints last, and a reward for every rollout of every iteration.
     stdout = reserved.text("stdout")
-    summary = json.loads(stdout[stdout.index("\n{") + 1:])
+    summary = json.loads(stdout[stdout.index("\n{") + 1 :])
     run_dir = out / "multihost"
     assert summary["iterations"] == ITERATIONS and Path(summary["out"]) == run_dir, summary
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -313,9 +379,12 @@ def test_spot_host_does_rollouts_over_tcp(hosts, procs, tmp_path):
     weights = published_weight_bytes(run_dir)
     trajectory = GROUP * (STEPS + 1) * 3 * IMAGE * IMAGE * 4  # one rollout's float32 latents (sent
     # to the store once: the first commit carries x_1 and x_t1, each later one appends a step)
-    assert rx >= ITERATIONS * weights, f"spot host received {rx} B, < {ITERATIONS} weights versions of {weights} B"
-    assert tx >= ITERATIONS * PROMPTS * trajectory, \
+    assert rx >= ITERATIONS * weights, (
+        f"spot host received {rx} B, < {ITERATIONS} weights versions of {weights} B"
+    )
+    assert tx >= ITERATIONS * PROMPTS * trajectory, (
         f"spot host sent {tx} B, < {ITERATIONS * PROMPTS} trajectories of {trajectory} B"
+    )
 
     # The reserved host is gone; SIGTERM makes the spot agent leave, and nothing is left.
     t1 = time.monotonic()
@@ -325,8 +394,10 @@ def test_spot_host_does_rollouts_over_tcp(hosts, procs, tmp_path):
     assert rc == 0, spot.tail()
     assert left_s < LEAVE_S, f"spot agent took {left_s:.1f}s to leave"
     assert spot.left() == [] and reserved.left() == [], (spot.left(), reserved.left())
-    print(f"reserved up at {t_up:.1f}s, spot ready at {t_ready:.1f}s, run done at {t_run:.1f}s, "
-          f"spot rx {rx} B tx {tx} B, left in {left_s:.1f}s")
+    print(
+        f"reserved up at {t_up:.1f}s, spot ready at {t_ready:.1f}s, run done at {t_run:.1f}s, "
+        f"spot rx {rx} B tx {tx} B, left in {left_s:.1f}s"
+    )
 
 
 def test_spot_host_with_unknown_key_is_refused(hosts, procs, tmp_path):
@@ -339,8 +410,9 @@ def test_spot_host_with_unknown_key_is_refused(hosts, procs, tmp_path):
     reserved.wait_line("stderr", rf"CURVE: refused client key {re.escape(key)}", START_S)
     # The agent's Register gets no reply (rpc timeout 10 s): it gives up with one clear line.
     assert intruder.wait(START_S) == 2, intruder.tail()
-    assert re.search(r"spotlight: error: Register to tcp://\S+: no reply within", intruder.text("stderr")), \
+    assert re.search(r"spotlight: error: Register to tcp://\S+: no reply within", intruder.text("stderr")), (
         intruder.tail()
+    )
     assert "agent ready" not in intruder.text("stdout")
     assert intruder.left() == []
     assert reserved.popen.poll() is None, reserved.tail()  # the reserved host runs on, unharmed

@@ -41,11 +41,27 @@ def make(offset: float, seen: str):
     return Brightness(offset, seen)
 '''
 
-TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16",
-        "model.image_size=16", "model.patch=4", "sampler.steps=2", "sampler.eval_steps=2", "run.group_size=2",
-        "explore.enabled=false", "run.iterations=1", "run.prompts_per_iteration=2", "run.eval_every=100",
-        "run.eval_seeds=1", "run.eval_samples=1", "runtime.reserved_workers=1", "runtime.spot_workers=0",
-        'run.mode="runtime"']
+TINY = [
+    "model.checkpoint=none",
+    "model.layers=1",
+    "model.heads=2",
+    "model.head_dim=16",
+    "model.image_size=16",
+    "model.patch=4",
+    "sampler.steps=2",
+    "sampler.sde_steps=none",
+    "sampler.eval_steps=2",
+    "run.group_size=2",
+    "explore.enabled=false",
+    "run.iterations=1",
+    "run.prompts_per_iteration=2",
+    "run.eval_every=100",
+    "run.eval_seeds=1",
+    "run.eval_samples=1",
+    "runtime.reserved_workers=1",
+    "runtime.spot_workers=0",
+    'run.mode="runtime"',
+]
 
 
 @pytest.fixture
@@ -65,8 +81,16 @@ def test_import_path_reward_is_loaded_in_every_worker(tmp_path, user_module):
     torch.set_num_threads(1)
     seen = tmp_path / "seen"
     seen.mkdir()
-    recipe = load_recipe("tiny", [*TINY, f'run.out_dir="{tmp_path}"', f"reward.name={user_module}:make",
-                                  "reward.offset=100.0", f'reward.seen="{seen}"'])
+    recipe = load_recipe(
+        "tiny",
+        [
+            *TINY,
+            f'run.out_dir="{tmp_path}"',
+            f"reward.name={user_module}:make",
+            "reward.offset=100.0",
+            f'reward.seen="{seen}"',
+        ],
+    )
     exp = Experiment(recipe)
     children: list[int] = []  # every process the runtime started, workers included
     exp.on_metrics(lambda rec: children.extend(exp.runtime.pids()) if exp.runtime and not children else None)

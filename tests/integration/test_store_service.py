@@ -25,9 +25,17 @@ MAX_BYTES = 256 << 20
 
 async def start_store(bind: str, *extra: str) -> tuple[asyncio.subprocess.Process, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "spotlight.actors.store", "--bind", bind,
-        "--max-bytes", str(MAX_BYTES), *extra,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "spotlight.actors.store",
+        "--bind",
+        bind,
+        "--max-bytes",
+        str(MAX_BYTES),
+        *extra,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 20)  # the service's readiness line
     except TimeoutError:
@@ -97,8 +105,9 @@ async def test_background_commits_flush_then_newest(store, shm):
     async with TensorStoreClient.remote(store, shm=shm, timeout=20) as worker:
         for step in range(8):
             for rid in ("a", "b", "c"):
-                worker.commit_nowait(rid, step, {"x_t": latent(step), "lp": np.full(step + 1, step)},
-                                     {"k": step}, attempt=2)
+                worker.commit_nowait(
+                    rid, step, {"x_t": latent(step), "lp": np.full(step + 1, step)}, {"k": step}, attempt=2
+                )
         worker.commit_nowait("a", 3, {"x_t": latent(3)})  # a late, older step: must not win
         await worker.flush(timeout=20)
     async with TensorStoreClient.remote(store, timeout=20) as reader:
@@ -118,11 +127,19 @@ async def test_append_commits_coalesce_then_seal_as_the_trajectory(store, shm):
         return bit_pattern(1 << 20, seed=100 + step).reshape(1, -1)  # 1 MB a step: the shm path
 
     async with TensorStoreClient.remote(store, shm=shm, timeout=20) as worker:
-        worker.commit_nowait("r", 1, {"lat": np.concatenate([row(0), row(1)]), "lp": np.zeros((1, 2))}, attempt=1)
+        worker.commit_nowait(
+            "r", 1, {"lat": np.concatenate([row(0), row(1)]), "lp": np.zeros((1, 2))}, attempt=1
+        )
         await worker.flush(timeout=20)
         for step in range(2, 9):  # no await between them: they coalesce into one pending append
-            worker.commit_nowait("r", step, {"lat": row(step), "lp": np.full((1, 2), step - 1.0)},
-                                 {"step": step}, attempt=1, base=step - 1)
+            worker.commit_nowait(
+                "r",
+                step,
+                {"lat": row(step), "lp": np.full((1, 2), step - 1.0)},
+                {"step": step},
+                attempt=1,
+                base=step - 1,
+            )
             if step == 5:
                 await worker.flush(timeout=20)  # ...and some reach the store on their own
         worker.commit_nowait("r", 8, {"lat": row(0), "lp": np.zeros((1, 2))}, base=7)  # a repeat: ignored
@@ -133,11 +150,15 @@ async def test_append_commits_coalesce_then_seal_as_the_trajectory(store, shm):
         assert step == 8 and meta == {"step": 8, "attempt": 1}
         assert same_bits(tensors["lat"], np.concatenate([row(k) for k in range(9)]))
         assert tensors["lp"][:, 0].tolist() == list(range(8))
-        worker.commit_nowait("r", 9, {"lat": row(9), "lp": np.full((1, 2), 8.0)}, {"step": 9}, attempt=1, base=8)
+        worker.commit_nowait(
+            "r", 9, {"lat": row(9), "lp": np.full((1, 2), 8.0)}, {"step": 9}, attempt=1, base=8
+        )
         await worker.seal_commit("r", 9, "traj/r", {"rewards": np.ones(2, np.float32)}, {"done": True})
         assert await worker.get_commit("r") is None
         traj, meta = await worker.get("traj/r")
-        assert same_bits(traj["lat"], np.concatenate([tensors["lat"], row(9)]))  # the last commit went with it
+        assert same_bits(
+            traj["lat"], np.concatenate([tensors["lat"], row(9)])
+        )  # the last commit went with it
         assert traj["rewards"].tolist() == [1.0, 1.0] and meta == {"done": True}
         with pytest.raises(NotFound):
             await worker.seal_commit("r", 9, "traj/r")
@@ -180,9 +201,14 @@ async def test_malformed_frames_get_error_replies_and_service_keeps_serving(stor
     bad = [
         [b"\xc1not msgpack"],
         [codec.encode(m.Get(key="k"))[0], b"an unexpected tensor frame"],
-        codec.encode(m.ShmPut(key="k", tensors={}, refs={"x": {"name": "../etc/passwd", "gen": 1,
-                                                                "dtype": "float32", "shape": [1]}},
-                              meta={})),
+        codec.encode(
+            m.ShmPut(
+                key="k",
+                tensors={},
+                refs={"x": {"name": "../etc/passwd", "gen": 1, "dtype": "float32", "shape": [1]}},
+                meta={},
+            )
+        ),
         codec.encode(m.ShmFetch(what="key", name="")),
     ]
     for frames in bad:
@@ -193,9 +219,14 @@ async def test_malformed_frames_get_error_replies_and_service_keeps_serving(stor
         await client.put("k", {"x": np.arange(4, dtype=np.float32)})
         assert (await client.get("k"))[0]["x"].tolist() == [0, 1, 2, 3]
         with pytest.raises(ProtocolError):  # a forged ref is refused through the client too
-            await client._call(m.ShmPut(key="z", tensors={}, meta={},
-                                        refs={"x": {"name": "spotlight-store-1-x", "gen": 5,
-                                                    "dtype": "float32", "shape": [1]}}))
+            await client._call(
+                m.ShmPut(
+                    key="z",
+                    tensors={},
+                    meta={},
+                    refs={"x": {"name": "spotlight-store-1-x", "gen": 5, "dtype": "float32", "shape": [1]}},
+                )
+            )
         assert await client.keys() == ["k"]
 
 
@@ -243,6 +274,7 @@ async def test_each_step_commit_leaves_during_the_yield_after_it(store):
                         return held[0]
                     await asyncio.sleep(0.005)
                 return None if held is None else held[0]
+
         return asyncio.run(poll())
 
     with concurrent.futures.ThreadPoolExecutor(1) as other:

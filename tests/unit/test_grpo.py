@@ -38,7 +38,9 @@ def surrogate(trainer, groups):
             adv = advantages(g.rewards)
             text = trainer.model.encode([g.prompt] * len(g.seeds))
             for k in steps:
-                lp, _, _ = S.step_log_prob(trainer.model, g.latents[:, k], g.latents[:, k + 1], k, text, trainer.sampler)
+                lp, _, _ = S.step_log_prob(
+                    trainer.model, g.latents[:, k], g.latents[:, k + 1], k, text, trainer.sampler
+                )
                 ratio = torch.exp(lp - g.log_probs[:, k])
                 total += torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2)).mean().item()
     return total / (len(groups) * len(steps))
@@ -50,9 +52,14 @@ def test_advantages_are_group_normalised():
     assert torch.equal(advantages(torch.tensor([0.5, 0.5, 0.5])), torch.zeros(3))
 
 
-@pytest.mark.parametrize("cfg", [S.SamplerConfig(steps=3),
-                                 S.SamplerConfig(steps=3, sde_steps=2, noise_level=0.6, noise_patch=4, sde_type="cps")],
-                         ids=["flow", "cps-blocks"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        S.SamplerConfig(steps=3),
+        S.SamplerConfig(steps=3, sde_steps=2, noise_level=0.6, noise_patch=4, sde_type="cps"),
+    ],
+    ids=["flow", "cps-blocks"],
+)
 def test_ratio_is_exactly_one_at_first_inner_step(tiny_model, cfg):
     trainer = GRPOTrainer(tiny_model, GRPOConfig(timestep_fraction=1.0), cfg)
     groups = rollout_groups(tiny_model, cfg)
@@ -64,8 +71,17 @@ def test_ratio_is_exactly_one_at_first_inner_step(tiny_model, cfg):
 @pytest.mark.parametrize("finetune", ["full", "lora"])
 def test_updates_reduce_the_loss(tiny_model, finetune):
     cfg = S.SamplerConfig(steps=3)
-    trainer = GRPOTrainer(tiny_model, GRPOConfig(finetune=finetune, lr=2e-2 if finetune == "lora" else 3e-3,
-                                                 timestep_fraction=1.0, clip_range=0.2, beta=0.01), cfg)
+    trainer = GRPOTrainer(
+        tiny_model,
+        GRPOConfig(
+            finetune=finetune,
+            lr=2e-2 if finetune == "lora" else 3e-3,
+            timestep_fraction=1.0,
+            clip_range=0.2,
+            beta=0.01,
+        ),
+        cfg,
+    )
     groups = rollout_groups(tiny_model, cfg)
     before = surrogate(trainer, groups)
     for _ in range(8):

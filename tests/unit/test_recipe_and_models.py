@@ -15,27 +15,34 @@ from spotlight.recipe import load_recipe
 
 
 def test_builtin_recipe_loads_with_overrides():
-    r = load_recipe("tiny", ["grpo.lr=5e-5", "run.iterations=3", "model.checkpoint=none", "explore.enabled=false"])
-    assert r.grpo.lr == 5e-5 and r.run.iterations == 3 and r.model.checkpoint is None and not r.explore.enabled
+    r = load_recipe(
+        "tiny", ["grpo.lr=5e-5", "run.iterations=3", "model.checkpoint=none", "explore.enabled=false"]
+    )
+    assert (
+        r.grpo.lr == 5e-5 and r.run.iterations == 3 and r.model.checkpoint is None and not r.explore.enabled
+    )
 
 
-@pytest.mark.parametrize("override, field", [
-    ("grpo.bogus=1", "grpo.bogus"),
-    ("nosuch.x=1", "nosuch"),
-    ("sampler.steps=-3", "sampler.steps"),
-    ("run.group_size=7", "run.group_size"),
-    ("explore.candidates=4", "explore.candidates"),
-    ("grpo.lr=\"fast\"", "grpo.lr"),
-    ("model.dit_class=\"UNet2DModel\"", "model.dit_class"),
-    ("run.mode=\"cloud\"", "run.mode"),
-    ("runtime.reserved_workers=-1", "runtime.reserved_workers"),
-    ("runtime.spot_workers=-2", "runtime.spot_workers"),
-    ("runtime.heartbeat_s=30", "runtime.heartbeat_s"),  # not < the 30 s lease
-    ("runtime.leave_s=0", "runtime.leave_s"),
-    ("runtime.transport=\"udp\"", "runtime.transport"),
-    ("runtime.max_attempts=0", "runtime.max_attempts"),
-    ("runtime.store_keep_versions=0", "runtime.store_keep_versions"),
-])
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("grpo.bogus=1", "grpo.bogus"),
+        ("nosuch.x=1", "nosuch"),
+        ("sampler.steps=-3", "sampler.steps"),
+        ("run.group_size=7", "run.group_size"),
+        ("explore.candidates=4", "explore.candidates"),
+        ('grpo.lr="fast"', "grpo.lr"),
+        ('model.dit_class="UNet2DModel"', "model.dit_class"),
+        ('run.mode="cloud"', "run.mode"),
+        ("runtime.reserved_workers=-1", "runtime.reserved_workers"),
+        ("runtime.spot_workers=-2", "runtime.spot_workers"),
+        ("runtime.heartbeat_s=30", "runtime.heartbeat_s"),  # not < the 30 s lease
+        ("runtime.leave_s=0", "runtime.leave_s"),
+        ('runtime.transport="udp"', "runtime.transport"),
+        ("runtime.max_attempts=0", "runtime.max_attempts"),
+        ("runtime.store_keep_versions=0", "runtime.store_keep_versions"),
+    ],
+)
 def test_bad_recipe_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_recipe("tiny", [override])
@@ -44,7 +51,9 @@ def test_bad_recipe_values_name_the_field(override, field):
 def test_runtime_on_one_machine_needs_a_worker():
     from spotlight import Experiment
 
-    recipe = load_recipe("tiny", ['run.mode="runtime"', "runtime.reserved_workers=0", "runtime.spot_workers=0"])
+    recipe = load_recipe(
+        "tiny", ['run.mode="runtime"', "runtime.reserved_workers=0", "runtime.spot_workers=0"]
+    )
     with pytest.raises(ConfigError, match="needs a worker"):  # before any process starts
         Experiment(recipe).run(progress=False)
     # a train-only reserved node
@@ -60,14 +69,38 @@ def test_bad_recipe_file(tmp_path):
         load_recipe(tmp_path / "missing.toml")
 
 
-@pytest.mark.parametrize("cls", ["QwenImageTransformer2DModel", "SD3Transformer2DModel", "FluxTransformer2DModel"])
+@pytest.mark.parametrize(
+    "cls", ["QwenImageTransformer2DModel", "SD3Transformer2DModel", "FluxTransformer2DModel"]
+)
 def test_diffusers_dit_saves_and_loads_from_local_folder(tmp_path, cls):
-    cfg = ModelConfig(dit_class=cls, checkpoint=None, layers=2, heads=2, head_dim=16, image_size=16, patch=4,
-                      text_dim=32, text_layers=1)
+    cfg = ModelConfig(
+        dit_class=cls,
+        checkpoint=None,
+        layers=2,
+        heads=2,
+        head_dim=16,
+        image_size=16,
+        patch=4,
+        text_dim=32,
+        text_layers=1,
+    )
     torch.manual_seed(0)
     tiny_dit(cfg).save_pretrained(tmp_path / "dit")
-    loaded = build_model(ModelConfig(dit_class=cls, dit_path=str(tmp_path / "dit"), checkpoint=None, layers=2, heads=2,
-                                     head_dim=16, image_size=16, patch=4, text_dim=32, text_layers=1), VOCABULARY)
+    loaded = build_model(
+        ModelConfig(
+            dit_class=cls,
+            dit_path=str(tmp_path / "dit"),
+            checkpoint=None,
+            layers=2,
+            heads=2,
+            head_dim=16,
+            image_size=16,
+            patch=4,
+            text_dim=32,
+            text_layers=1,
+        ),
+        VOCABULARY,
+    )
     torch.manual_seed(0)
     again = tiny_dit(cfg)
     for (n, a), (_, b) in zip(loaded.dit.state_dict().items(), again.state_dict().items()):
@@ -93,10 +126,20 @@ def test_spotlight_checkpoint_round_trip(tmp_path, tiny_model):
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "spotlight.cli", "run", "tiny", "grpo.bogus=1"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "spotlight.cli", "run", "tiny", "grpo.bogus=1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
-    assert out.stderr.strip().count("\n") == 0 and "grpo.bogus" in out.stderr and "Traceback" not in out.stderr
-    out = subprocess.run([sys.executable, "-m", "spotlight.cli", "eval", "--checkpoint", str(tmp_path / "x.safetensors")],
-                         capture_output=True, text=True, timeout=120)
+    assert (
+        out.stderr.strip().count("\n") == 0 and "grpo.bogus" in out.stderr and "Traceback" not in out.stderr
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "spotlight.cli", "eval", "--checkpoint", str(tmp_path / "x.safetensors")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "x.safetensors" in out.stderr and "Traceback" not in out.stderr

@@ -45,13 +45,20 @@ class ControllerCore:
 
     def register(self, msg: m.Register) -> m.Registered:
         if not msg.node_id or msg.workers < 1:
-            raise ProtocolError(f"Register needs a node_id and workers >= 1, got {msg.node_id!r}, {msg.workers}")
+            raise ProtocolError(
+                f"Register needs a node_id and workers >= 1, got {msg.node_id!r}, {msg.workers}"
+            )
         if msg.node_id in self.nodes:
             log.warning("node %s registered again (restarted?)", msg.node_id)
         self.nodes[msg.node_id] = {"kind": msg.kind, "workers": msg.workers, "since": time.time()}
         log.info("node %s (%s, %d workers) registered", msg.node_id, msg.kind, msg.workers)
-        return m.Registered(node_id=msg.node_id, queue=self.queue, store=self.store, lease_s=self.lease_s,
-                            recipe=self.recipe_dict)
+        return m.Registered(
+            node_id=msg.node_id,
+            queue=self.queue,
+            store=self.store,
+            lease_s=self.lease_s,
+            recipe=self.recipe_dict,
+        )
 
     def deregister(self, msg: m.Deregister) -> m.Ok:
         node = self.nodes.pop(msg.node_id, None)

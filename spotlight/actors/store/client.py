@@ -85,7 +85,7 @@ async def _translated(reply: Awaitable[Any]) -> Any:
         text = str(e)
         for cls in (ValueError, TypeError):
             if text.startswith(cls.__name__ + ": "):
-                raise cls(text[len(cls.__name__) + 2:]) from None
+                raise cls(text[len(cls.__name__) + 2 :]) from None
         raise
 
 
@@ -103,9 +103,15 @@ def _is_local(endpoint: str) -> bool:
 class TensorStoreClient:
     """Async client of a tensor store. Use as ``async with TensorStoreClient.remote(ep) as c:``."""
 
-    def __init__(self, *, rpc: RpcClient | None = None, handlers: StoreHandlers | None = None,
-                 shm: bool | None = None, max_pending: int = 64,
-                 timeout: float = DEFAULTS.store_timeout_s) -> None:
+    def __init__(
+        self,
+        *,
+        rpc: RpcClient | None = None,
+        handlers: StoreHandlers | None = None,
+        shm: bool | None = None,
+        max_pending: int = 64,
+        timeout: float = DEFAULTS.store_timeout_s,
+    ) -> None:
         if (rpc is None) == (handlers is None):
             raise ValueError("TensorStoreClient needs exactly one of rpc, handlers")
         if max_pending < 1:
@@ -131,8 +137,15 @@ class TensorStoreClient:
         return cls(handlers=StoreHandlers(core or TensorStoreCore()), **kw)
 
     @classmethod
-    def remote(cls, endpoint: str, *, timeout: float = DEFAULTS.store_timeout_s, shm: bool | None = None,
-               curve: CurveClientKeys | None = None, **kw: Any) -> TensorStoreClient:
+    def remote(
+        cls,
+        endpoint: str,
+        *,
+        timeout: float = DEFAULTS.store_timeout_s,
+        shm: bool | None = None,
+        curve: CurveClientKeys | None = None,
+        **kw: Any,
+    ) -> TensorStoreClient:
         """``shm``: None = use shared memory when the store turns out to be on this machine.
         ``curve``: client keys when the store serves with CURVE."""
         return cls(rpc=RpcClient(endpoint, timeout=timeout, curve=curve), shm=shm, timeout=timeout, **kw)
@@ -226,8 +239,12 @@ class TensorStoreClient:
         refs = {}
         for (name, arr), seg in zip(big.items(), grant.segments, strict=True):
             self._maps.write(seg["name"], seg["gen"], arr)
-            refs[name] = {"name": seg["name"], "gen": seg["gen"], "dtype": arr.dtype.name,
-                          "shape": list(arr.shape)}
+            refs[name] = {
+                "name": seg["name"],
+                "gen": seg["gen"],
+                "dtype": arr.dtype.name,
+                "shape": list(arr.shape),
+            }
         inline = {k: a for k, a in arrays.items() if k not in big}
         return await self._send(via_shm(inline, refs))
 
@@ -242,18 +259,21 @@ class TensorStoreClient:
                 got[name] = out[name]
         for name, ref in getattr(reply, "refs", {}).items():
             assert self._maps is not None
-            got[name] = self._maps.read(ref["name"], ref["gen"], ref["dtype"], ref["shape"],
-                                        out.get(name))
+            got[name] = self._maps.read(ref["name"], ref["gen"], ref["dtype"], ref["shape"], out.get(name))
         return got
 
     # --- keys ----------------------------------------------------------------------------------
     async def put(self, key: str, tensors: dict[str, Any], meta: dict | None = None) -> None:
         meta = dict(meta or {})
-        await (await self._write(tensors, lambda t: m.Put(key=key, tensors=t, meta=meta),
-                                 lambda t, r: m.ShmPut(key=key, tensors=t, refs=r, meta=meta)))
+        await (
+            await self._write(
+                tensors,
+                lambda t: m.Put(key=key, tensors=t, meta=meta),
+                lambda t, r: m.ShmPut(key=key, tensors=t, refs=r, meta=meta),
+            )
+        )
 
-    async def get(self, key: str, *, out: dict[str, np.ndarray] | None = None
-                  ) -> tuple[Tensors, dict]:
+    async def get(self, key: str, *, out: dict[str, np.ndarray] | None = None) -> tuple[Tensors, dict]:
         """``(tensors, meta)``; ``out`` optionally names preallocated arrays to fill."""
         if self._maps is not None:
             reply = await self._call(m.ShmFetch(what="key", name=key))
@@ -268,14 +288,30 @@ class TensorStoreClient:
         return (await self._call(m.ListKeys(prefix=prefix))).keys
 
     # --- commits -------------------------------------------------------------------------------
-    async def commit(self, request_id: str, step: int, tensors: dict[str, Any],
-                     meta: dict | None = None, *, attempt: int = 0, base: int | None = None) -> None:
+    async def commit(
+        self,
+        request_id: str,
+        step: int,
+        tensors: dict[str, Any],
+        meta: dict | None = None,
+        *,
+        attempt: int = 0,
+        base: int | None = None,
+    ) -> None:
         """Commit and wait for the store to hold it (in order after pending background commits)."""
         self.commit_nowait(request_id, step, tensors, meta, attempt=attempt, base=base)
         await self.flush()
 
-    def commit_nowait(self, request_id: str, step: int, tensors: dict[str, Any],
-                      meta: dict | None = None, *, attempt: int = 0, base: int | None = None) -> None:
+    def commit_nowait(
+        self,
+        request_id: str,
+        step: int,
+        tensors: dict[str, Any],
+        meta: dict | None = None,
+        *,
+        attempt: int = 0,
+        base: int | None = None,
+    ) -> None:
         """Queue a commit for the flusher and return at once (never blocks). ``base``: this
         commit holds only the rows added since the commit at step ``base`` (see the store)."""
         self._raise_background_error()
@@ -283,8 +319,10 @@ class TensorStoreClient:
             raise RuntimeError("TensorStoreClient is not open (use 'async with')")
         held = self._pending.get(request_id)
         if held is None and len(self._pending) >= self.max_pending:
-            raise CapacityError(f"{len(self._pending)} commits pending (max_pending "
-                                f"{self.max_pending}); await flush() before committing more")
+            raise CapacityError(
+                f"{len(self._pending)} commits pending (max_pending "
+                f"{self.max_pending}); await flush() before committing more"
+            )
         arrays, meta = _numpy(tensors), dict(meta or {})
         if held is not None and (held.step > step or (held.step == step and base is not None)):
             return  # not newer than one already queued: the store would ignore it anyway
@@ -296,8 +334,9 @@ class TensorStoreClient:
                 held.rows[name].append(arr)
             held.step, held.meta, held.attempt = step, meta, attempt
         else:
-            self._pending[request_id] = _PendingCommit(request_id, attempt, step, base, meta,
-                                                       {name: [arr] for name, arr in arrays.items()})
+            self._pending[request_id] = _PendingCommit(
+                request_id, attempt, step, base, meta, {name: [arr] for name, arr in arrays.items()}
+            )
         self._idle.clear()
         self._wake.set()
 
@@ -359,7 +398,9 @@ class TensorStoreClient:
     async def _send_op(self, op: _PendingCommit | _Seal) -> Coroutine:
         if isinstance(op, _Seal):
             return await self._send(op.msg)
-        tensors = {name: rows[0] if len(rows) == 1 else np.concatenate(rows) for name, rows in op.rows.items()}
+        tensors = {
+            name: rows[0] if len(rows) == 1 else np.concatenate(rows) for name, rows in op.rows.items()
+        }
         return await self._write(
             tensors,
             lambda t: m.Commit(

@@ -49,8 +49,15 @@ def trajectory_key(request_id: str) -> str:
 class WorkerCore:
     """Runs one request at a time on its model; ``store`` is an open ``TensorStoreClient``."""
 
-    def __init__(self, recipe: Recipe, store: TensorStoreClient, model=None, *, worker_id: str = "worker",
-                 step_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        store: TensorStoreClient,
+        model=None,
+        *,
+        worker_id: str = "worker",
+        step_delay_s: float = 0.0,
+    ) -> None:
         self.recipe, self.store, self.worker_id = recipe, store, worker_id
         # Fault injection only (a slow device): lets tests land a kill between two steps.
         self.step_delay_s = step_delay_s
@@ -80,8 +87,12 @@ class WorkerCore:
 
     # --- requests ------------------------------------------------------------------------------
     def progress(self) -> m.WorkerProgress:
-        return m.WorkerProgress(request_id=self.request_id, attempt=self.attempt,
-                                committed_step=self.committed_step, version=self.version)
+        return m.WorkerProgress(
+            request_id=self.request_id,
+            attempt=self.attempt,
+            committed_step=self.committed_step,
+            version=self.version,
+        )
 
     async def stop(self) -> m.WorkerProgress:
         """Spot notice: let the running step finish, flush its commit, stop; no new requests.
@@ -117,12 +128,20 @@ class WorkerCore:
     async def _explore(self, job: m.ExploreWork) -> m.ExploreResult:
         t0 = time.perf_counter()
         explored = work.explore(self.model, job, self.recipe.sampler, self.reward, self.shape)
-        return m.ExploreResult(rewards=[float(r) for r in explored.rewards], model_calls=explored.model_calls,
-                               compute_s=time.perf_counter() - t0)
+        return m.ExploreResult(
+            rewards=[float(r) for r in explored.rewards],
+            model_calls=explored.model_calls,
+            compute_s=time.perf_counter() - t0,
+        )
 
     async def _rollout(self, lease: m.LeaseGrant, job: m.RolloutWork) -> m.RolloutResult:
         rid = lease.request_id
-        meta = {"version": self.version, "seeds": list(job.seeds), "prompt": job.prompt, "worker": self.worker_id}
+        meta = {
+            "version": self.version,
+            "seeds": list(job.seeds),
+            "prompt": job.prompt,
+            "worker": self.worker_id,
+        }
         state = await self._resume(lease, meta)
         t0 = time.perf_counter()
         rollout = work.Rollout(self.model, job, self.recipe.sampler, self.shape, state)
@@ -151,11 +170,17 @@ class WorkerCore:
         compute_s += time.perf_counter() - t0
         key = trajectory_key(rid)
         # The final commit becomes the trajectory in the store: nothing is sent twice.
-        await self.store.seal_commit(rid, rollout.state.step, key, {"rewards": rewards},
-                                     {**meta, "attempt": lease.attempt})
+        await self.store.seal_commit(
+            rid, rollout.state.step, key, {"rewards": rewards}, {**meta, "attempt": lease.attempt}
+        )
         nbytes = sum(x.nbytes for x in (*rollout.state.latents, *rollout.state.log_probs)) + rewards.nbytes
-        return m.RolloutResult(key=key, nbytes=nbytes, rewards=[float(r) for r in rewards],
-                               resumed_from=rollout.resumed_from, compute_s=compute_s)
+        return m.RolloutResult(
+            key=key,
+            nbytes=nbytes,
+            rewards=[float(r) for r in rewards],
+            resumed_from=rollout.resumed_from,
+            compute_s=compute_s,
+        )
 
     async def _resume(self, lease: m.LeaseGrant, meta: dict[str, Any]):
         """The state of the newest commit of this request, if it was made with these weights."""
@@ -168,8 +193,13 @@ class WorkerCore:
             return None
         step, tensors, got = held
         if got.get("version") != meta["version"] or list(got.get("seeds", [])) != meta["seeds"]:
-            log.warning("%s: commit at step %d is for version %s, not %s; starting over",
-                        lease.request_id, step, got.get("version"), meta["version"])
+            log.warning(
+                "%s: commit at step %d is for version %s, not %s; starting over",
+                lease.request_id,
+                step,
+                got.get("version"),
+                meta["version"],
+            )
             return None
         lat = torch.from_numpy(np.array(tensors["latents"]))  # own, writable copies
         lps = torch.from_numpy(np.array(tensors["log_probs"]))
