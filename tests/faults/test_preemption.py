@@ -36,7 +36,7 @@ TINY = [
     "model.image_size=16",
     "model.patch=4",
     f"sampler.steps={STEPS}",
-    "sampler.sde_steps=none",
+    "sampler.sde_steps=none", 'sampler.sde_type="flow"',
     "run.group_size=4",
     "explore.candidates=4",
     "runtime.reserved_workers=1",

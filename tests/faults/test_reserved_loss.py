@@ -23,7 +23,7 @@ TINY = [
     "model.image_size=16",
     "model.patch=4",
     "sampler.steps=3",
-    "sampler.sde_steps=none",
+    "sampler.sde_steps=none", 'sampler.sde_type="flow"',
     "run.group_size=4",
 ]
 

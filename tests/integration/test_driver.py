@@ -24,7 +24,7 @@ TINY = [
     "model.head_dim=16",
     "model.image_size=16",
     "model.patch=4",
-    "sampler.steps=3", "sampler.sde_steps=none",
+    "sampler.steps=3", "sampler.sde_steps=none", 'sampler.sde_type="flow"',
     "runtime.reserved_workers=1",
     "runtime.spot_workers=1",
 ]

@@ -49,7 +49,7 @@ TINY = [
     "model.image_size=16",
     "model.patch=4",
     "sampler.steps=2",
-    "sampler.sde_steps=none",
+    "sampler.sde_steps=none", 'sampler.sde_type="flow"',
     "sampler.eval_steps=2",
     "run.group_size=2",
     "explore.enabled=false",
