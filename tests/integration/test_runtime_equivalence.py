@@ -20,7 +20,7 @@ TINY = [
     "model.head_dim=16",
     "model.image_size=16",
     "model.patch=4",
-    "sampler.steps=3",
+    "sampler.steps=3", "sampler.sde_steps=none", 'sampler.sde_type="flow"',
     "sampler.eval_steps=2",
     "run.group_size=4",
     "explore.candidates=4",
@@ -76,6 +76,7 @@ def run(tmp_path, mode: str, explore: bool, sampler: list[str]) -> tuple[Experim
             [
                 'grpo.finetune="lora"',
                 'sampler.sde_type="cps"',
+                "sampler.sde_steps=2",  # cps: the last step lands on t=0 and carries no noise
                 "sampler.noise_patch=2",
                 "model.layers=2",
                 "explore.cache_threshold=1.0",
