@@ -64,12 +64,19 @@ def plot_rewards(records: list[dict], path: Path) -> None:
 
     train = [r for r in records if r.get("event") == "iteration"]
     evals = [r for r in records if r.get("event") == "eval"]
-    curves = [(k, label) for k, label in EVAL_CURVES if any(k in r for r in evals)] or [("eval_reward", "held-out reward")]
+    curves = [(k, label) for k, label in EVAL_CURVES if any(k in r for r in evals)] or [
+        ("eval_reward", "held-out reward")
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8), constrained_layout=True)
     for ax, key, label in ((axes[0], "iteration", "iteration"), (axes[1], "wall_s", "wall time (s)")):
         if train:
-            ax.plot([r[key] for r in train], [r["reward_mean"] for r in train], lw=1, alpha=0.4,
-                    label="rollout reward (SDE, selected seeds)")
+            ax.plot(
+                [r[key] for r in train],
+                [r["reward_mean"] for r in train],
+                lw=1,
+                alpha=0.4,
+                label="rollout reward (SDE, selected seeds)",
+            )
         for metric, name in curves:
             ev = [r for r in evals if metric in r]
             if not ev:
