@@ -19,30 +19,45 @@ def main() -> None:
     base = evals[0]
     print(f"run {run}: {len(iters)} iterations, {records[-1]['wall_s']:.0f} s; "
           f"{sum(r['eval_s'] for r in evals):.0f} s of it in {len(evals)} evaluations")
-    print("| iteration | wall (s) | ODE held-out (headline) | rise | ODE train | rise | SDE policy | held-out shape "
-          "| FM drift |")
+    print(
+        "| iteration | wall (s) | ODE held-out (headline) | rise | ODE train | rise | SDE policy "
+        "| held-out shape | FM drift |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in evals:
         rise = r["eval_ode_heldout"] - base["eval_ode_heldout"]
         rise_t = r["eval_ode_train"] - base["eval_ode_train"]
-        print(f"| {r['iteration']} | {r['wall_s']:.0f} | {r['eval_ode_heldout']:.3f} ± {r['eval_ode_heldout_std']:.3f} "
-              f"| {rise:+.3f} | {r['eval_ode_train']:.3f} ± {r['eval_ode_train_std']:.3f} | {rise_t:+.3f} "
-              f"| {r['eval_sde_train']:.3f} ± {r['eval_sde_train_std']:.3f} "
-              f"| {r['eval_ode_heldout_parts'].get('shape', float('nan')):.3f} | {100 * r.get('fm_drift', 0):+.1f}% |")
+        print(
+            f"| {r['iteration']} | {r['wall_s']:.0f} "
+            f"| {r['eval_ode_heldout']:.3f} ± {r['eval_ode_heldout_std']:.3f} "
+            f"| {rise:+.3f} | {r['eval_ode_train']:.3f} ± {r['eval_ode_train_std']:.3f} | {rise_t:+.3f} "
+            f"| {r['eval_sde_train']:.3f} ± {r['eval_sde_train_std']:.3f} "
+            f"| {r['eval_ode_heldout_parts'].get('shape', float('nan')):.3f} "
+            f"| {100 * r.get('fm_drift', 0):+.1f}% |"
+        )
     last = evals[-1]
     rise = last["eval_ode_heldout"] - base["eval_ode_heldout"]
     spread = max(base["eval_ode_heldout_std"], last["eval_ode_heldout_std"])
     worst = min(evals[1:], key=lambda r: r["eval_ode_heldout"], default=base)
-    print(f"\nheld-out ODE rise {rise:+.3f} (goal >= +0.10, larger than the spread {spread:.3f}): "
-          f"{'met' if rise >= 0.10 and rise > spread else 'missed'}")
-    print(f"training-prompt ODE rise {last['eval_ode_train'] - base['eval_ode_train']:+.3f} "
-          f"(goal: at least the held-out rise)")
+    print(
+        f"\nheld-out ODE rise {rise:+.3f} (goal >= +0.10, larger than the spread {spread:.3f}): "
+        f"{'met' if rise >= 0.10 and rise > spread else 'missed'}"
+    )
+    print(
+        f"training-prompt ODE rise {last['eval_ode_train'] - base['eval_ode_train']:+.3f} "
+        f"(goal: at least the held-out rise)"
+    )
     dip = worst["eval_ode_heldout"] - base["eval_ode_heldout"]
-    print(f"lowest held-out ODE after the base: {worst['eval_ode_heldout']:.3f} at iteration {worst['iteration']} "
-          f"({dip:+.3f}; goal: never below the base by more than its spread {base['eval_ode_heldout_std']:.3f}): "
-          f"{'met' if dip >= -base['eval_ode_heldout_std'] else 'missed'}")
+    print(
+        f"lowest held-out ODE after the base: {worst['eval_ode_heldout']:.3f} "
+        f"at iteration {worst['iteration']} ({dip:+.3f}; "
+        f"goal: never below the base by more than its spread {base['eval_ode_heldout_std']:.3f}): "
+        f"{'met' if dip >= -base['eval_ode_heldout_std'] else 'missed'}"
+    )
     drift = max(r.get("fm_drift", 0.0) for r in evals)
-    print(f"largest flow-matching drift {100 * drift:+.1f}% (goal < 10%): {'met' if drift < 0.10 else 'missed'}")
+    print(
+        f"largest flow-matching drift {100 * drift:+.1f}% (goal < 10%): {'met' if drift < 0.10 else 'missed'}"
+    )
 
 
 if __name__ == "__main__":

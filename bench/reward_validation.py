@@ -40,8 +40,14 @@ def adversarial(kind: str, rng: random.Random) -> np.ndarray:
         short = rng.randint(4, 9)
         long_ = min(30, round(short * rng.uniform(1.5, 3.5)))
         x, y = rng.randint(0, 31 - short), rng.randint(0, 31 - long_)
-        box = (x, y, x + short - 1, y + long_ - 1) if rng.random() < 0.5 else (y, x, y + long_ - 1, x + short - 1)
-        {"bar": d.rectangle, "rounded bar": d.rounded_rectangle, "long ellipse": d.ellipse}[kind](box, fill=color)
+        box = (
+            (x, y, x + short - 1, y + long_ - 1)
+            if rng.random() < 0.5
+            else (y, x, y + long_ - 1, x + short - 1)
+        )
+        {"bar": d.rectangle, "rounded bar": d.rounded_rectangle, "long ellipse": d.ellipse}[kind](
+            box, fill=color
+        )
     elif kind == "merged circles":
         r = rng.randint(4, 7)
         x, y = rng.randint(0, 31 - 4 * r), rng.randint(0, 31 - 2 * r)
@@ -75,8 +81,9 @@ def confusion(n: int) -> dict[str, Counter]:
 
 def perturbations(n: int) -> dict[str, tuple[float, float]]:
     rng = random.Random(1)
-    scores: dict[str, list[float]] = {k: [] for k in ("true caption", "wrong count", "wrong colour", "wrong shape",
-                                                      "wrong relation")}
+    scores: dict[str, list[float]] = {
+        k: [] for k in ("true caption", "wrong count", "wrong colour", "wrong shape", "wrong relation")
+    }
     lost: dict[str, list[bool]] = {k: [] for k in scores}
     for _ in range(n):
         scene = random_scene(rng)
@@ -88,10 +95,18 @@ def perturbations(n: int) -> dict[str, tuple[float, float]]:
         lost["true caption"].append(s < 0.9)
         other_c = rng.choice([c for c in PALETTE if c not in {x.color for x in scene.groups}])
         other_s = rng.choice([x for x in SHAPES if x != g.shape])
-        cases = [("wrong colour", Scene((ObjectGroup(other_c, g.shape, g.count), *scene.groups[1:]), scene.relation),
-                  f"{other_c}:present"),
-                 ("wrong shape", Scene((ObjectGroup(g.color, other_s, g.count), *scene.groups[1:]), scene.relation),
-                  f"{g.color}:shape")]
+        cases = [
+            (
+                "wrong colour",
+                Scene((ObjectGroup(other_c, g.shape, g.count), *scene.groups[1:]), scene.relation),
+                f"{other_c}:present",
+            ),
+            (
+                "wrong shape",
+                Scene((ObjectGroup(g.color, other_s, g.count), *scene.groups[1:]), scene.relation),
+                f"{g.color}:shape",
+            ),
+        ]
         if scene.relation is None:
             wrong = rng.choice([k for k in (1, 2, 3) if k != g.count])
             cases.append(("wrong count", Scene((ObjectGroup(g.color, g.shape, wrong),)), f"{g.color}:count"))
@@ -119,8 +134,11 @@ def model_samples(checkpoint: str, prompts: str, seeds: int) -> tuple[dict[str, 
     rows: dict[str, Counter] = {s: Counter() for s in SHAPES}
     for i, p in enumerate(prompt_set(prompts)):
         scene = parse_caption(p)
-        imgs = to_uint8_images(sample(model, [p] * seeds, list(range(10_000 + i * seeds, 10_000 + (i + 1) * seeds)),
-                                      (3, 32, 32), 20))
+        imgs = to_uint8_images(
+            sample(
+                model, [p] * seeds, list(range(10_000 + i * seeds, 10_000 + (i + 1) * seeds)), (3, 32, 32), 20
+            )
+        )
         for img in imgs:
             a = analyse(img)
             total, pt = score_scene(scene, a)
@@ -143,13 +161,17 @@ def print_confusion(rows: dict[str, Counter], title: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int, default=400, help="rendered scenes per table (adversarial: n/4 per kind)")
+    ap.add_argument(
+        "--n", type=int, default=400, help="rendered scenes per table (adversarial: n/4 per kind)"
+    )
     ap.add_argument("--checkpoint", action="append", default=[], help="also score this model's ODE samples")
     ap.add_argument("--prompts", default="demo", help="prompt set for --checkpoint samples")
     ap.add_argument("--seeds", type=int, default=16, help="samples per prompt for --checkpoint")
     args = ap.parse_args()
-    print_confusion(confusion(args.n), f"shape classifier, {args.n} rendered scenes + adversarial objects "
-                                       f"(fraction of objects of each row)")
+    print_confusion(
+        confusion(args.n),
+        f"shape classifier, {args.n} rendered scenes + adversarial objects (fraction of objects of each row)",
+    )
     print(f"\nreward of {args.n} rendered scenes under true and perturbed captions")
     print(f"{'caption':<16}{'mean reward':>12}{'broken constraint lost credit':>32}")
     for kind, (mean, lost) in perturbations(args.n).items():

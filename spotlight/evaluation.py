@@ -46,29 +46,44 @@ class Evaluator:
         self.shape = (c.channels, c.image_size, c.image_size)
         self.train = eval_train_prompts(recipe.run.prompts)
         self.heldout = heldout_prompts(recipe.run.prompts)
-        self.fm_x0, self.fm_eps, self.fm_t, self.fm_prompts = fm_probe(self.train + self.heldout, c.image_size)
+        self.fm_x0, self.fm_eps, self.fm_t, self.fm_prompts = fm_probe(
+            self.train + self.heldout, c.image_size
+        )
         self.base_fm = _base_fm(out / "metrics.jsonl")  # a resumed run keeps its base's value
 
     @torch.no_grad()
     def __call__(self, it: int, save_samples: bool = True) -> dict:
         t0 = time.monotonic()
         rec: dict = {"event": "eval", "iteration": it}
-        suites = [("ode_heldout", self.heldout, False, ""), ("ode_train", self.train, False, "_train"),
-                  ("sde_train", self.train, True, "_sde")]
+        suites = [
+            ("ode_heldout", self.heldout, False, ""),
+            ("ode_train", self.train, False, "_train"),
+            ("sde_train", self.train, True, "_sde"),
+        ]
         for name, prompts, sde, suffix in suites:
             if not prompts:
                 continue  # prompt set 'all' has no held-out split
-            per_set, parts, grid = self._suite(prompts, sde, offset=HELDOUT_OFFSET if name == "ode_heldout" else 0)
+            per_set, parts, grid = self._suite(
+                prompts, sde, offset=HELDOUT_OFFSET if name == "ode_heldout" else 0
+            )
             rec[f"eval_{name}"] = float(np.mean(per_set))
             rec[f"eval_{name}_std"] = float(np.std(per_set))
             rec[f"eval_{name}_per_set"] = per_set
             if parts:
                 rec[f"eval_{name}_parts"] = parts
             if save_samples:
-                save_grid(grid, self.out / "samples" / f"eval_{it:04d}{suffix}.png", columns=self.recipe.run.eval_samples)
+                save_grid(
+                    grid,
+                    self.out / "samples" / f"eval_{it:04d}{suffix}.png",
+                    columns=self.recipe.run.eval_samples,
+                )
         head = "ode_heldout" if self.heldout else "ode_train"
-        rec.update(eval_reward=rec[f"eval_{head}"], eval_reward_std=rec[f"eval_{head}_std"],
-                   eval_per_seed_set=rec[f"eval_{head}_per_set"], eval_headline=head)
+        rec.update(
+            eval_reward=rec[f"eval_{head}"],
+            eval_reward_std=rec[f"eval_{head}_std"],
+            eval_per_seed_set=rec[f"eval_{head}_per_set"],
+            eval_headline=head,
+        )
         rec["fm_loss"] = self.fm_loss()
         if self.base_fm is None and it == 0:
             self.base_fm = rec["fm_loss"]
@@ -77,14 +92,19 @@ class Evaluator:
         rec["eval_s"] = time.monotonic() - t0
         return rec
 
-    def _suite(self, prompts: list[str], sde: bool, offset: int) -> tuple[list[float], dict[str, float], np.ndarray]:
+    def _suite(
+        self, prompts: list[str], sde: bool, offset: int
+    ) -> tuple[list[float], dict[str, float], np.ndarray]:
         """One suite over all seed sets: per-set mean reward, constraint means, set 0's images."""
         r, s = self.recipe.run, self.recipe.sampler
         per_set, parts, grid = [], {}, None
         for k in range(r.eval_seeds):
             batch = [p for p in prompts for _ in range(r.eval_samples)]
-            seeds = [x for i in range(len(prompts))
-                     for x in candidate_seeds(r.seed, 0, offset + i, r.eval_samples, stream=EVAL_STREAM + k)]
+            seeds = [
+                x
+                for i in range(len(prompts))
+                for x in candidate_seeds(r.seed, 0, offset + i, r.eval_samples, stream=EVAL_STREAM + k)
+            ]
             if sde:  # the rollout policy: the sampler as trained, every option of SamplerConfig
                 x = sample_policy(self.model, batch, seeds, s, self.shape)
             else:

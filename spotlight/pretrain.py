@@ -81,7 +81,9 @@ def pretrain(cfg: PretrainConfig, out: Path, log=print) -> Path:
         v = model.velocity(xt, t, model.encode(captions))
         loss = (v - (eps - x0)).pow(2).mean()
         done = max(elapsed / cfg.minutes, step / cfg.max_steps)  # fraction of the budget used
-        lr_scale = cfg.min_lr_fraction + (1 - cfg.min_lr_fraction) * 0.5 * (1 + math.cos(math.pi * min(1.0, done)))
+        lr_scale = cfg.min_lr_fraction + (1 - cfg.min_lr_fraction) * 0.5 * (
+            1 + math.cos(math.pi * min(1.0, done))
+        )
         for g in opt.param_groups:
             g["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * lr_scale
         opt.zero_grad(set_to_none=True)
@@ -99,8 +101,12 @@ def pretrain(cfg: PretrainConfig, out: Path, log=print) -> Path:
         if elapsed >= next_snapshot:
             ema.save(out.with_suffix(f".{int(next_snapshot)}m.safetensors"), extra={"steps": step})
             next_snapshot += cfg.snapshot_minutes
-    extra = {"steps": step, "minutes": (time.monotonic() - start) / 60, "final_loss": float(np.mean(losses[-100:])),
-             "config": json.dumps(asdict(cfg))}
+    extra = {
+        "steps": step,
+        "minutes": (time.monotonic() - start) / 60,
+        "final_loss": float(np.mean(losses[-100:])),
+        "config": json.dumps(asdict(cfg)),
+    }
     ema.save(out, extra=extra)
     log(f"saved {out} after {step} steps, loss {extra['final_loss']:.4f}")
     return out

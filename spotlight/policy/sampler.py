@@ -78,14 +78,20 @@ class SamplerConfig:
         if self.noise_patch < 1:
             raise ConfigError(f"sampler.noise_patch must be >= 1, got {self.noise_patch}")
         if self.sde_steps is not None and not 1 <= self.sde_steps <= self.steps:
-            raise ConfigError(f"sampler.sde_steps must be in [1, sampler.steps={self.steps}], got {self.sde_steps}")
+            raise ConfigError(
+                f"sampler.sde_steps must be in [1, sampler.steps={self.steps}], got {self.sde_steps}"
+            )
         if self.sde_type not in ("flow", "cps"):
             raise ConfigError(f"sampler.sde_type must be 'flow' or 'cps', got {self.sde_type!r}")
         if self.sde_type == "cps" and self.noise_level > 1:
-            raise ConfigError(f"sampler.noise_level must be in (0, 1] with sde_type='cps', got {self.noise_level}")
+            raise ConfigError(
+                f"sampler.noise_level must be in (0, 1] with sde_type='cps', got {self.noise_level}"
+            )
         if self.sde_type == "cps" and self.stochastic_steps >= self.steps:
-            raise ConfigError(f"sampler.sde_steps must be < sampler.steps={self.steps} with sde_type='cps' "
-                              f"(the last step lands on t=0 and has no noise), got {self.sde_steps}")
+            raise ConfigError(
+                f"sampler.sde_steps must be < sampler.steps={self.steps} with sde_type='cps' "
+                f"(the last step lands on t=0 and has no noise), got {self.sde_steps}"
+            )
 
     @property
     def stochastic_steps(self) -> int:
@@ -128,8 +134,9 @@ def sde_std(ts: torch.Tensor, k: int, noise_level: float) -> float:
     return sigma * math.sqrt(abs(t_next - t))
 
 
-def sde_mean(v: torch.Tensor, x: torch.Tensor, ts: torch.Tensor, k: int, noise_level: float,
-             patch: int = 1) -> torch.Tensor:
+def sde_mean(
+    v: torch.Tensor, x: torch.Tensor, ts: torch.Tensor, k: int, noise_level: float, patch: int = 1
+) -> torch.Tensor:
     """Mean of the Gaussian transition of step k given the velocity v at (x, t_k).
 
     x + (1−t)·v is the predicted noise ε̂ (= −t·score), so σ²/(2t)·ε̂ is the score correction
@@ -146,8 +153,9 @@ def sde_mean(v: torch.Tensor, x: torch.Tensor, ts: torch.Tensor, k: int, noise_l
     return x + (v + sigma2 / (2 * t) * eps_hat) * dt
 
 
-def cps_transition(v: torch.Tensor, x: torch.Tensor, ts: torch.Tensor, k: int, noise_level: float,
-                   patch: int = 1) -> tuple[torch.Tensor, float]:
+def cps_transition(
+    v: torch.Tensor, x: torch.Tensor, ts: torch.Tensor, k: int, noise_level: float, patch: int = 1
+) -> tuple[torch.Tensor, float]:
     """Mean and std (per block draw) of the coefficients-preserving step k (module docstring)."""
     t, t_next = float(ts[k]), float(ts[k + 1])
     theta = noise_level * math.pi / 2
@@ -157,8 +165,15 @@ def cps_transition(v: torch.Tensor, x: torch.Tensor, ts: torch.Tensor, k: int, n
     return mean, t_next * math.sin(theta) / patch
 
 
-def transition(v: torch.Tensor, x: torch.Tensor, ts: torch.Tensor, k: int, noise_level: float, patch: int = 1,
-               sde_type: str = "flow") -> tuple[torch.Tensor, float]:
+def transition(
+    v: torch.Tensor,
+    x: torch.Tensor,
+    ts: torch.Tensor,
+    k: int,
+    noise_level: float,
+    patch: int = 1,
+    sde_type: str = "flow",
+) -> tuple[torch.Tensor, float]:
     """Mean and std of stochastic step k's Gaussian transition, for either SDE."""
     if sde_type == "cps":
         return cps_transition(v, x, ts, k, noise_level, patch)
@@ -208,7 +223,9 @@ def initial_noise(seeds: list[int], shape, device=None, init_seed: int | None = 
     return noise(seeds if init_seed is None else [init_seed] * len(seeds), -1, shape, device)
 
 
-def start(seeds: list[int], shape: tuple[int, ...], device=None, init_seed: int | None = None) -> RolloutState:
+def start(
+    seeds: list[int], shape: tuple[int, ...], device=None, init_seed: int | None = None
+) -> RolloutState:
     x = initial_noise(seeds, shape, device, init_seed)
     return RolloutState(x=x, step=0, latents=[x], log_probs=[])
 
@@ -232,8 +249,16 @@ def sde_advance(model, state: RolloutState, text, seeds: list[int], cfg: Sampler
     return state
 
 
-def sde_rollout(model, prompts: list[str], seeds: list[int], cfg: SamplerConfig, shape, state=None, on_step=None,
-                init_seed: int | None = None):
+def sde_rollout(
+    model,
+    prompts: list[str],
+    seeds: list[int],
+    cfg: SamplerConfig,
+    shape,
+    state=None,
+    on_step=None,
+    init_seed: int | None = None,
+):
     """Full SDE rollout of one batch, optionally resumed from `state`; `on_step(state)` after each step.
 
     Returns the final state: latents [steps+1] and log-probs [steps] of the whole trajectory.
@@ -251,14 +276,27 @@ def step_log_prob(model, x: torch.Tensor, x_next: torch.Tensor, k: int, text, cf
     """log p_θ(x_next | x) of step k, and the transition mean (for the KL term). Differentiable."""
     ts = timesteps(cfg.steps, cfg.shift)
     t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
-    mean, std = transition(model.velocity(x, t, text), x, ts, k, cfg.noise_level, cfg.noise_patch, cfg.sde_type)
+    mean, std = transition(
+        model.velocity(x, t, text), x, ts, k, cfg.noise_level, cfg.noise_patch, cfg.sde_type
+    )
     return gaussian_log_prob(x_next, mean, std, cfg.noise_patch), mean, std
 
 
 @torch.no_grad()
-def sample(model, prompts: list[str], seeds: list[int], shape, steps: int = 20, shift: float = 1.0,
-           noise_level: float | None = None, effective_steps: int | None = None, sde_steps: int | None = None,
-           init_seed: int | None = None, noise_patch: int = 1, sde_type: str = "flow") -> torch.Tensor:
+def sample(
+    model,
+    prompts: list[str],
+    seeds: list[int],
+    shape,
+    steps: int = 20,
+    shift: float = 1.0,
+    noise_level: float | None = None,
+    effective_steps: int | None = None,
+    sde_steps: int | None = None,
+    init_seed: int | None = None,
+    noise_patch: int = 1,
+    sde_type: str = "flow",
+) -> torch.Tensor:
     """Final sample [B, C, H, W] in [-1, 1] (clamped) without recording the trajectory.
 
     noise_level None = deterministic Euler ODE (evaluation); a float = the rollout SDE with the same
@@ -286,13 +324,32 @@ def sample(model, prompts: list[str], seeds: list[int], shape, steps: int = 20, 
     return x.clamp(-1, 1)
 
 
-def sample_policy(model, prompts: list[str], seeds: list[int], cfg: SamplerConfig, shape, *,
-                  effective_steps: int | None = None, init_seed: int | None = None) -> torch.Tensor:
+def sample_policy(
+    model,
+    prompts: list[str],
+    seeds: list[int],
+    cfg: SamplerConfig,
+    shape,
+    *,
+    effective_steps: int | None = None,
+    init_seed: int | None = None,
+) -> torch.Tensor:
     """The rollout policy's final samples (the SDE `cfg` describes) without recording the trajectory:
     what exploration scores and the SDE evaluation draws. Every sampler setting comes from `cfg`."""
-    return sample(model, prompts, seeds, shape, cfg.steps, cfg.shift, noise_level=cfg.noise_level,
-                  effective_steps=effective_steps, sde_steps=cfg.sde_steps, init_seed=init_seed,
-                  noise_patch=cfg.noise_patch, sde_type=cfg.sde_type)
+    return sample(
+        model,
+        prompts,
+        seeds,
+        shape,
+        cfg.steps,
+        cfg.shift,
+        noise_level=cfg.noise_level,
+        effective_steps=effective_steps,
+        sde_steps=cfg.sde_steps,
+        init_seed=init_seed,
+        noise_patch=cfg.noise_patch,
+        sde_type=cfg.sde_type,
+    )
 
 
 def sample_ode(model, prompts: list[str], seeds: list[int], cfg: SamplerConfig, shape) -> torch.Tensor:

@@ -155,9 +155,11 @@ def _describe(color: str, comp: np.ndarray, area: int) -> Blob:
     y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
     box = comp[y0:y1, x0:x1]
     bh, bw = box.shape
-    ious = tuple(max(_iou(box, t) for t in _outlines(kind, bh, bw)) for kind in ("circle", "square", "triangle"))
-    return Blob(color, area, float(ys.mean()), float(xs.mean()), area / (bh * bw), max(bh, bw) / min(bh, bw),
-                ious)
+    ious = tuple(max(_iou(box, t) for t in _outlines(kind, bh, bw))
+                 for kind in ("circle", "square", "triangle"))
+    return Blob(
+        color, area, float(ys.mean()), float(xs.mean()), area / (bh * bw), max(bh, bw) / min(bh, bw), ious
+    )
 
 
 def _iou(mask: np.ndarray, ideal: np.ndarray) -> float:
@@ -178,9 +180,13 @@ def _outlines(kind: str, h: int, w: int) -> tuple[np.ndarray, ...]:
     elif kind == "square":
         masks = [(np.abs(y) <= 1) & (np.abs(x) <= 1)]
     else:
-        masks = [(np.abs(a) <= 1) & (np.abs(b) <= (s * a + 1) / 2) for a, b in ((y, x), (x, y)) for s in (1, -1)]
-    return tuple(np.broadcast_to(m, (h * _SUPER, w * _SUPER)).reshape(h, _SUPER, w, _SUPER).mean((1, 3)) >= 0.5
-                 for m in masks)
+        masks = [
+            (np.abs(a) <= 1) & (np.abs(b) <= (s * a + 1) / 2) for a, b in ((y, x), (x, y)) for s in (1, -1)
+        ]
+    return tuple(
+        np.broadcast_to(m, (h * _SUPER, w * _SUPER)).reshape(h, _SUPER, w, _SUPER).mean((1, 3)) >= 0.5
+        for m in masks
+    )
 
 
 def score_scene(scene: Scene, a: Analysis) -> tuple[float, dict[str, float]]:
@@ -200,9 +206,14 @@ def score_scene(scene: Scene, a: Analysis) -> tuple[float, dict[str, float]]:
         p, q = named
         # between the objects the prompt names: a bar left of a blob is only half of "a red circle
         # to the left of a blue square"; full credit needs the named shapes too
-        named_ok = 0.0 if p is None or q is None else (p.shape_credit(scene.groups[0].shape)
-                                                       + q.shape_credit(scene.groups[1].shape)) / 2
-        parts["relation"] = float(p is not None and q is not None and _holds(scene.relation, p, q)) * (0.5 + 0.5 * named_ok)
+        named_ok = (
+            0.0
+            if p is None or q is None
+            else (p.shape_credit(scene.groups[0].shape) + q.shape_credit(scene.groups[1].shape)) / 2
+        )
+        parts["relation"] = float(p is not None and q is not None and _holds(scene.relation, p, q)) * (
+            0.5 + 0.5 * named_ok
+        )
     stated = sum(b.area for b in a.blobs if b.color in {g.color for g in scene.groups})
     total = sum(b.area for b in a.blobs)
     parts["only-stated-colours"] = stated / total if total else 0.0

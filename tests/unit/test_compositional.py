@@ -20,8 +20,11 @@ def canvas(*shapes, size=32):
     img = Image.new("RGB", (size, size))
     d = ImageDraw.Draw(img)
     for kind, color, box in shapes:
-        {"circle": d.ellipse, "square": d.rectangle}.get(kind, None)(box, fill=PALETTE[color]) if kind != "triangle" \
-            else d.polygon([((box[0] + box[2]) / 2, box[1]), (box[2], box[3]), (box[0], box[3])], fill=PALETTE[color])
+        {"circle": d.ellipse, "square": d.rectangle}.get(kind, None)(
+            box, fill=PALETTE[color]
+        ) if kind != "triangle" else d.polygon(
+            [((box[0] + box[2]) / 2, box[1]), (box[2], box[3]), (box[0], box[3])], fill=PALETTE[color]
+        )
     return np.asarray(img)
 
 

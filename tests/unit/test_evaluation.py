@@ -32,8 +32,14 @@ def test_evaluation_reports_three_suites_and_drift(tiny_model, tiny_cfg, tmp_pat
     for suite in ("ode_heldout", "ode_train", "sde_train"):
         assert len(base[f"eval_{suite}_per_set"]) == 2
         assert set(base[f"eval_{suite}_parts"]) >= {"present", "count", "shape"}
-        assert (tmp_path / "samples" / f"eval_0000{ {'ode_heldout': '', 'ode_train': '_train', 'sde_train': '_sde'}[suite]}.png").exists()
-    assert base["fm_drift"] == 0.0 and ev(0, save_samples=False)["eval_reward"] == base["eval_reward"]  # seeded
+        assert (
+            tmp_path
+            / "samples"
+            / f"eval_0000{ {'ode_heldout': '', 'ode_train': '_train', 'sde_train': '_sde'}[suite] }.png"
+        ).exists()
+    assert (
+        base["fm_drift"] == 0.0 and ev(0, save_samples=False)["eval_reward"] == base["eval_reward"]
+    )  # seeded
     with torch.no_grad():
         for p in tiny_model.dit.parameters():
             p.add_(0.05 * torch.randn_like(p))

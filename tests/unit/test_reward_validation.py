@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from spotlight.data.scenes import PALETTE, RELATIONS, SHAPES, ObjectGroup, Scene, random_scene, render
+from spotlight.data.scenes import PALETTE, SHAPES, ObjectGroup, Scene, random_scene, render
 from spotlight.rewards.compositional import analyse, score_scene
 
 OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
@@ -55,10 +55,20 @@ def _perturbed(scene: Scene, rng: random.Random) -> list[tuple[str, Scene, str]]
     g0 = scene.groups[0]
     other_color = rng.choice([c for c in PALETTE if c not in {g.color for g in scene.groups}])
     other_shape = rng.choice([s for s in SHAPES if s != g0.shape])
-    out.append(("colour", Scene((ObjectGroup(other_color, g0.shape, g0.count), *scene.groups[1:]), scene.relation),
-                f"{other_color}:present"))
-    out.append(("shape", Scene((ObjectGroup(g0.color, other_shape, g0.count), *scene.groups[1:]), scene.relation),
-                f"{g0.color}:shape"))
+    out.append(
+        (
+            "colour",
+            Scene((ObjectGroup(other_color, g0.shape, g0.count), *scene.groups[1:]), scene.relation),
+            f"{other_color}:present",
+        )
+    )
+    out.append(
+        (
+            "shape",
+            Scene((ObjectGroup(g0.color, other_shape, g0.count), *scene.groups[1:]), scene.relation),
+            f"{g0.color}:shape",
+        )
+    )
     if scene.relation is None:
         wrong = rng.choice([n for n in (1, 2, 3) if n != g0.count])
         out.append(("count", Scene((ObjectGroup(g0.color, g0.shape, wrong),)), f"{g0.color}:count"))
@@ -97,7 +107,11 @@ def _no_shape_credit(img: np.ndarray, color: str) -> None:
     for shape in SHAPES:
         for n in (1, 2, 3):
             _, p = score_scene(Scene((ObjectGroup(color, shape, n),)), analyse(img))
-            assert p[f"{color}:shape"] == 0.0, (shape, n, [(b.shape, b.aspect, b.ious) for b in analyse(img).blobs])
+            assert p[f"{color}:shape"] == 0.0, (
+                shape,
+                n,
+                [(b.shape, b.aspect, b.ious) for b in analyse(img).blobs],
+            )
 
 
 @pytest.mark.parametrize("kind", ["rectangle", "ellipse", "rounded_rectangle"])
@@ -107,7 +121,11 @@ def test_bars_never_earn_shape_credit(kind):
         short, ratio = rng.randint(4, 9), rng.uniform(1.5, 3.5)
         long_ = min(30, round(short * ratio))
         x, y = rng.randint(0, 31 - short), rng.randint(0, 31 - long_)
-        box = (x, y, x + short - 1, y + long_ - 1) if rng.random() < 0.5 else (y, x, y + long_ - 1, x + short - 1)
+        box = (
+            (x, y, x + short - 1, y + long_ - 1)
+            if rng.random() < 0.5
+            else (y, x, y + long_ - 1, x + short - 1)
+        )
         color = rng.choice(list(PALETTE))
         _no_shape_credit(_canvas([(kind, color, box)]), color)
 
@@ -115,9 +133,12 @@ def test_bars_never_earn_shape_credit(kind):
 def test_three_tall_bars_do_not_pass_for_squares_or_circles():
     bars = _canvas([("rectangle", "blue", (3 + 10 * i, 4, 8 + 10 * i, 27)) for i in range(3)])
     assert score_scene(Scene((ObjectGroup("blue", "square", 3),)), analyse(bars))[1]["blue:shape"] == 0.0
-    two = _canvas([("rounded_rectangle", "red", (4, 3, 11, 28)), ("rounded_rectangle", "blue", (20, 3, 27, 28))])
-    score, p = score_scene(Scene((ObjectGroup("red", "circle", 1), ObjectGroup("blue", "square", 1)), "left of"),
-                           analyse(two))
+    two = _canvas(
+        [("rounded_rectangle", "red", (4, 3, 11, 28)), ("rounded_rectangle", "blue", (20, 3, 27, 28))]
+    )
+    score, p = score_scene(
+        Scene((ObjectGroup("red", "circle", 1), ObjectGroup("blue", "square", 1)), "left of"), analyse(two)
+    )
     assert p["red:shape"] == p["blue:shape"] == 0.0 and score <= 0.7  # 0.875 under the fill-ratio check
 
 
@@ -129,7 +150,7 @@ def test_unions_of_8x8_blocks_are_squares_or_nothing():
         for subset in itertools.combinations(cells, k):
             mask = np.zeros((32, 32), bool)
             for r, c in subset:
-                mask[4 + 8 * r: 12 + 8 * r, 4 + 8 * c: 12 + 8 * c] = True
+                mask[4 + 8 * r : 12 + 8 * r, 4 + 8 * c : 12 + 8 * c] = True
             img = np.zeros((32, 32, 3), np.uint8)
             img[mask] = PALETTE["green"]
             for blob in analyse(img).blobs:  # separate blocks are separate objects
@@ -156,7 +177,7 @@ def test_specks_wash_and_noise_earn_nothing():
     rng = np.random.default_rng(0)
     specks = np.zeros((32, 32, 3), np.uint8)
     for y, x in rng.integers(0, 15, (40, 2)) * 2:
-        specks[y: y + 1, x: x + 2] = PALETTE["red"]
+        specks[y : y + 1, x : x + 2] = PALETTE["red"]
     assert score_scene(Scene((ObjectGroup("red", "circle", 2),)), analyse(specks))[0] == 0.0
     for color in PALETTE:
         wash = np.zeros((32, 32, 3), np.uint8)

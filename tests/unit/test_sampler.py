@@ -28,7 +28,9 @@ def test_same_seed_same_trajectory(tiny_model):
     two = S.sde_rollout(tiny_model, ["two red circles"] * 2, [1, 2], cfg, SHAPE)
     assert all(torch.equal(x, y) for x, y in zip(one.latents, two.latents))
     other = S.sde_rollout(tiny_model, ["two red circles"] * 2, [1, 3], cfg, SHAPE)
-    assert torch.equal(one.latents[-1][0], other.latents[-1][0]) and not torch.equal(one.latents[-1][1], other.latents[-1][1])
+    assert torch.equal(one.latents[-1][0], other.latents[-1][0]) and not torch.equal(
+        one.latents[-1][1], other.latents[-1][1]
+    )
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -41,8 +43,12 @@ def test_resume_from_step_k_is_bit_identical(tiny_model, k):
     st = S.start(seeds, SHAPE)
     for _ in range(k):
         S.sde_advance(tiny_model, st, text, seeds, cfg)
-    committed = S.RolloutState(x=st.x.clone(), step=st.step, latents=[x.clone() for x in st.latents],
-                               log_probs=[lp.clone() for lp in st.log_probs])
+    committed = S.RolloutState(
+        x=st.x.clone(),
+        step=st.step,
+        latents=[x.clone() for x in st.latents],
+        log_probs=[lp.clone() for lp in st.log_probs],
+    )
     torch.randn(1000)
     resumed = S.sde_rollout(tiny_model, prompts, seeds, cfg, SHAPE, state=committed)
     assert torch.equal(resumed.latents[-1], full.latents[-1])
@@ -118,7 +124,9 @@ def test_cps_step_lands_on_its_noise_level_with_exact_log_probs(tiny_model, patc
         z = S.sde_noise(seeds, k, SHAPE, patch) / patch  # white noise's scale on the block subspace
         coarse = S.block_project(eps_hat, patch) if patch > 1 else eps_hat
         theta = 0.5 * math.pi / 2
-        expect = (1 - t_next) * x0_hat + t_next * (eps_hat - coarse + math.cos(theta) * coarse + math.sin(theta) * z)
+        expect = (1 - t_next) * x0_hat + t_next * (
+            eps_hat - coarse + math.cos(theta) * coarse + math.sin(theta) * z
+        )
         assert torch.allclose(x_next, expect, atol=1e-5), k
         std = t_next * math.sin(theta) / patch
         r = torch.nn.functional.avg_pool2d((x_next - (expect - t_next * math.sin(theta) * z)).double(), patch)
@@ -131,7 +139,9 @@ def test_cps_step_lands_on_its_noise_level_with_exact_log_probs(tiny_model, patc
     resumed = S.sde_rollout(tiny_model, prompts, seeds, cfg, SHAPE, state=part)
     assert torch.equal(resumed.latents[-1], st.latents[-1])
     # the explore sampler draws the same trajectory as the rollout
-    x = S.sample(tiny_model, prompts, seeds, SHAPE, 4, noise_level=0.5, sde_steps=3, noise_patch=patch, sde_type="cps")
+    x = S.sample(
+        tiny_model, prompts, seeds, SHAPE, 4, noise_level=0.5, sde_steps=3, noise_patch=patch, sde_type="cps"
+    )
     assert torch.allclose(x, st.latents[-1].clamp(-1, 1), atol=1e-6)
     # a vanishing angle is the ODE
     tiny_cfg = S.SamplerConfig(steps=4, sde_steps=3, noise_level=1e-9, noise_patch=patch, sde_type="cps")
