@@ -4,7 +4,7 @@
 # (made with: git worktree add /tmp/wt_before 69e7a3c; in it: spotlight run tiny run.iterations=5
 # run.out_dir=/tmp/before7 run.eval_every=100). Prints whether every rollout reward is identical.
 set -e
-ROOT="$ROOT"
+ROOT="$(git rev-parse --show-toplevel)"
 rm -rf /tmp/wt_after /tmp/after7
 git -C "$ROOT" worktree add -f /tmp/wt_after HEAD >/dev/null
 cd /tmp/wt_after
