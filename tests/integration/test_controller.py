@@ -10,6 +10,7 @@ import pytest
 import torch
 import zmq
 import zmq.asyncio
+from tiny_recipe import TINY_MODEL
 
 from spotlight.actors.controller.core import ControllerCore, controller_handlers
 from spotlight.actors.store.client import TensorStoreClient
@@ -25,13 +26,7 @@ from spotlight.work import policy_model as build_policy_model
 pytestmark = pytest.mark.timeout(60)
 
 TINY = [
-    "model.checkpoint=none",
-    "model.layers=1",
-    "model.heads=2",
-    "model.head_dim=16",
-    "model.image_size=16",
-    "model.patch=4",
-    "sampler.steps=3", "sampler.sde_steps=none", 'sampler.sde_type="flow"',
+    *TINY_MODEL,
     "run.group_size=4",
     "explore.candidates=4",
 ]

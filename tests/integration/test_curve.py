@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_recipe import TINY_MODEL
 
 from spotlight.actors.config import ServeConfig
 from spotlight.actors.controller.core import ControllerCore, controller_handlers
@@ -36,13 +37,7 @@ from spotlight.work import policy_model as build_policy_model
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 TINY = [
-    "model.checkpoint=none",
-    "model.layers=1",
-    "model.heads=2",
-    "model.head_dim=16",
-    "model.image_size=16",
-    "model.patch=4",
-    "sampler.steps=3", "sampler.sde_steps=none", 'sampler.sde_type="flow"',
+    *TINY_MODEL,
     "run.group_size=4",
     "explore.candidates=4",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny_recipe import TINY_MODEL
 
 from spotlight import work
 from spotlight.actors.runtime import LocalRuntime
@@ -18,13 +19,7 @@ from spotlight.recipe import load_recipe
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 TINY = [
-    "model.checkpoint=none",
-    "model.layers=1",
-    "model.heads=2",
-    "model.head_dim=16",
-    "model.image_size=16",
-    "model.patch=4",
-    "sampler.steps=3", "sampler.sde_steps=none", 'sampler.sde_type="flow"',
+    *TINY_MODEL,
     "runtime.reserved_workers=1",
     "runtime.spot_workers=1",
 ]

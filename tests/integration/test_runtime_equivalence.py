@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_recipe import TINY_MODEL
 
 from spotlight import Experiment, load_recipe
 from spotlight.actors.procs import alive
@@ -14,13 +15,7 @@ from spotlight.actors.procs import alive
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 TINY = [
-    "model.checkpoint=none",
-    "model.layers=1",
-    "model.heads=2",
-    "model.head_dim=16",
-    "model.image_size=16",
-    "model.patch=4",
-    "sampler.steps=3", "sampler.sde_steps=none", 'sampler.sde_type="flow"',
+    *TINY_MODEL,
     "sampler.eval_steps=2",
     "run.group_size=4",
     "explore.candidates=4",
