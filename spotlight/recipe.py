@@ -23,6 +23,7 @@ from spotlight.policy.grpo import GRPOConfig
 from spotlight.policy.sampler import SamplerConfig
 from spotlight.policy.seeds import ExploreConfig
 from spotlight.rewards.config import RewardConfig
+from spotlight.spot.config import SpotConfig
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 
@@ -83,6 +84,7 @@ class Recipe:
     explore: ExploreConfig = field(default_factory=ExploreConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    spot: SpotConfig = field(default_factory=SpotConfig)
 
     def __post_init__(self) -> None:
         if self.explore.enabled:
