@@ -49,7 +49,7 @@ def gradient(loop: Loop, iteration: int) -> tuple[torch.Tensor, float]:
 
 def main() -> None:
     overrides = sys.argv[1:]
-    loop = Loop(load_recipe("tiny", ["explore.enabled=false", *overrides]), progress=False)
+    loop = Loop(load_recipe("tiny", ["explore.schedule=off", *overrides]), progress=False)
     grads = []
     for it in range(3):
         g, spread = gradient(loop, 100 + it)

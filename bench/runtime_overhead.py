@@ -96,7 +96,7 @@ def recipe(args, mode: str, reserved: int, spot: int, out: str):
             f'run.mode="{mode}"',
             f"runtime.reserved_workers={reserved}",
             f"runtime.spot_workers={spot}",
-            f"explore.enabled={str(args.explore).lower()}",
+            f"explore.schedule={'critical' if args.explore else 'off'}",
             f'run.out_dir="{out}"',
             f'run.name="{mode}-{reserved}-{spot}"',
         ],

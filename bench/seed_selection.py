@@ -1,7 +1,7 @@
 # python bench/seed_selection.py --iterations 40 --target 0.10 [--recipe tiny] [overrides ...]
 """Random seeds (Flow-GRPO) vs best-of-N seed selection (DanceGRPO) from the same base and seeds.
 
-Runs the same recipe twice in one invocation, with `explore.enabled` false and true, and prints
+Runs the same recipe twice in one invocation, with `explore.schedule` off and critical, and prints
 iterations to the target (held-out reward >= base + target), the final held-out reward, the reward
 spread of the rollout groups, and wall time per iteration, with ratios against the random-seed
 baseline. Both runs start from the same base weights, use the same training seeds for the random
@@ -29,7 +29,7 @@ def run_arm(recipe_name: str, overrides: list[str], explore: bool, iterations: i
         recipe_name,
         [
             *overrides,
-            f"explore.enabled={str(explore).lower()}",
+            f"explore.schedule={'critical' if explore else 'off'}",
             f"run.iterations={iterations}",
             f'run.name="{name}"',
         ],

@@ -17,7 +17,7 @@ sys.exit(main(['run', 'tiny', '--no-progress', 'run.iterations=5', 'run.out_dir=
   'sampler.steps=10', 'sampler.noise_level=1.0', 'sampler.sde_steps=2', 'sampler.noise_patch=8', 'sampler.shared_init=true',
   'sampler.sde_type=\"flow\"', 'sampler.eval_steps=20',
   'grpo.lr=3e-4', 'grpo.adam_eps=1e-4', 'grpo.clip_range=0.2', 'grpo.beta=0.0', 'grpo.timestep_fraction=1.0', 'grpo.finetune=\"full\"',
-  'explore.enabled=true', 'explore.candidates=16', 'reward.name=\"compositional\"']))
+  'explore.schedule=\"critical\"', 'explore.candidates=16', 'reward.name=\"compositional\"']))
 "
 "$ROOT"/.venv/bin/python - <<'PY'
 import json

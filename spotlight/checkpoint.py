@@ -19,10 +19,12 @@ from safetensors.torch import load_file, save_file
 from spotlight.errors import NotFound
 
 
-def save(folder: Path, iteration: int, model, trainer, wall_s: float) -> Path:
+def save(folder: Path, iteration: int, model, trainer, wall_s: float, state: dict | None = None) -> Path:
+    """``state``: the driver's own JSON state (e.g. the exploration planner's), back from
+    ``load_latest``."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"iter_{iteration:04d}.safetensors"
-    model.save(path, extra={"iteration": iteration, "wall_s": wall_s})
+    model.save(path, extra={"iteration": iteration, "wall_s": wall_s, "state": state or {}})
     state = trainer.opt.state_dict()
     tensors, steps = {}, {}
     for idx, st in state["state"].items():
@@ -37,8 +39,9 @@ def save(folder: Path, iteration: int, model, trainer, wall_s: float) -> Path:
     return path
 
 
-def load_latest(folder: Path, model, trainer) -> tuple[int, float]:
-    """Restore the newest checkpoint in `folder`; returns (iteration, wall seconds so far)."""
+def load_latest(folder: Path, model, trainer) -> tuple[int, float, dict]:
+    """Restore the newest checkpoint in `folder`; returns (iteration, wall seconds so far, the
+    driver's state saved with it)."""
     found = sorted(p for p in folder.glob("iter_*.safetensors") if not p.name.endswith(".optim.safetensors"))
     if not found:
         raise NotFound(f"--resume: no checkpoint in {folder}")
@@ -59,4 +62,4 @@ def load_latest(folder: Path, model, trainer) -> tuple[int, float]:
         state["state"].setdefault(int(idx), {})["step"] = torch.tensor(step)
     trainer.opt.load_state_dict(state)
     trainer.iteration = int(meta["trainer_iteration"])
-    return int(extra["iteration"]), float(extra["wall_s"])
+    return int(extra["iteration"]), float(extra["wall_s"]), dict(extra.get("state", {}))

@@ -3,18 +3,33 @@
 `Loop` is the iteration driver, the same for every mode; where the tensor work happens is the
 `Executor`'s business. Work is submitted as batches of typed jobs (`spotlight.comm.messages`
 ExploreWork / RolloutWork, each naming its weights version) and answered by handles, so a schedule
-can keep exploration, rollouts and the training step in flight at once; the serial schedule
-(`Loop.step`) is today's default. `LocalExecutor` does the work in this process (the reference);
-the runtime's executor (`spotlight.actors.controller.client`) sends the same jobs through the queue
-to workers, which run them with the same functions (`spotlight.work`). Baselines are switches of
-the recipe (explore.enabled, run.mode), never separate loops.
+can keep exploration, rollouts and the training step in flight at once. `explore.schedule` picks
+the schedule `Loop.step` runs:
+
+- ``off``: random seeds, then rollout, train, publish (Flow-GRPO);
+- ``critical``: explore the iteration's candidates with the current weights, select, roll out,
+  train (DanceGRPO's best-of-N, on the critical path);
+- ``overlap`` (Spotlight): as soon as iteration i's rollouts are in the trainer's hands, iteration
+  i+1's exploration is submitted at weights v_i and runs (on spot workers) while the trainer
+  updates; at i+1's rollout (the deadline) what returned is used and the rest cancelled in the
+  queue. The in-process executor runs a job when it is submitted, i.e. at v_i before the update, so
+  both paths select the same seeds.
+
+`LocalExecutor` does the work in this process (the reference); the runtime's executor
+(`spotlight.actors.controller.client`) sends the same jobs through the queue to workers, which run
+them with the same functions (`spotlight.work`). Baselines are switches of the recipe
+(explore.schedule, run.mode), never separate loops.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import random
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -27,12 +42,17 @@ from spotlight.data.prompts import prompt_set
 from spotlight.data.scenes import VOCABULARY
 from spotlight.evaluation import Evaluator
 from spotlight.models.dit import DiffusionModel, build_model
+from spotlight.policy.consistency import spearman
 from spotlight.policy.grpo import Group, GRPOTrainer
+from spotlight.policy.planner import Arm, Planner
 from spotlight.policy.seeds import candidate_seeds, select_contrast
 from spotlight.recipe import Recipe
 from spotlight.report import MetricsLog, plot_rewards
 
 INIT_STREAM = 2_000  # seed stream of a group's shared initial noise
+CHECK_STREAM = 3_000  # which prompts a rank-consistency check re-scores
+
+log = logging.getLogger(__name__)
 
 
 class Executor(Protocol):
@@ -41,10 +61,17 @@ class Executor(Protocol):
     driver awaits (``result()``) or polls (``done()``) later, so explore, rollout and the training
     step can be in flight at once. Every job names the weights version it must run with; ``batch``
     is the driver's name for the set. ``publish(version, model)`` makes the model's weights
-    available as ``version`` before any job names it."""
+    available as ``version`` before any job names it.
 
-    def explore(self, batch: str, jobs: list[m.ExploreWork]) -> Future[list[np.ndarray]]: ...
+    An exploration handle holds one ``ExploreResult`` per job, or None for a job that did not
+    return (cancelled by ``cancel(batch)``, or lost); ``cancel`` drops what of an exploration batch
+    has not finished (a real cancel in the queue) and makes its handle resolve with what did.
+    ``explore_workers()`` is the capacity exploration can use while the trainer updates."""
+
+    def explore(self, batch: str, jobs: list[m.ExploreWork]) -> Future[list[m.ExploreResult | None]]: ...
     def rollout(self, batch: str, jobs: list[m.RolloutWork]) -> Future[list[Group]]: ...
+    def cancel(self, batch: str) -> None: ...
+    def explore_workers(self) -> int: ...
     def publish(self, version: int, model) -> None: ...
 
 
@@ -79,13 +106,25 @@ class LocalExecutor:
             raise ValueError(f"job for weights version {job.version}, but this process holds {self.version}")
         return job
 
-    def explore(self, batch: str, jobs: list[m.ExploreWork]) -> Future[list[np.ndarray]]:
-        s = self.recipe.sampler
-        return done_future(
-            lambda: [
-                work.explore(self.model, self._held(j), s, self.reward, self.shape).rewards for j in jobs
-            ]
+    def _explore_one(self, job: m.ExploreWork) -> m.ExploreResult:
+        t0 = time.perf_counter()
+        out = work.explore(self.model, self._held(job), self.recipe.sampler, self.reward, self.shape)
+        seconds = time.perf_counter() - t0
+        return m.ExploreResult(
+            rewards=[float(r) for r in out.rewards],
+            model_calls=out.model_calls,
+            worker_s=seconds,
+            compute_s=seconds,
         )
+
+    def explore(self, batch: str, jobs: list[m.ExploreWork]) -> Future[list[m.ExploreResult | None]]:
+        return done_future(lambda: [self._explore_one(j) for j in jobs])
+
+    def cancel(self, batch: str) -> None:
+        """Nothing to cancel: every job ran when it was submitted."""
+
+    def explore_workers(self) -> int:
+        return 1
 
     def rollout(self, batch: str, jobs: list[m.RolloutWork]) -> Future[list[Group]]:
         s = self.recipe.sampler
@@ -97,8 +136,28 @@ class LocalExecutor:
         self.version = version  # the trainer updated this very model in place
 
 
+@dataclass(slots=True)
+class Exploration:
+    """One iteration's exploration in flight: its candidates, its jobs (``owners[j]`` = the prompt
+    index job j scores a chunk of), and the handle of their results."""
+
+    iteration: int
+    version: int
+    arm: Arm
+    plan: dict
+    prompts: list[str]
+    candidates: list[list[int]]
+    owners: list[int]
+    jobs: list[m.ExploreWork]
+    batch: str
+    handle: Future
+    returned: list[tuple[list[int], list[float]]] | None = field(default=None)
+    """Per prompt, the seeds that came back and their scores (set once settled)."""
+
+
 class Loop:
-    """One run. `run()` returns the summary; `hooks` get every metrics record as it is written.
+    """One run. `run()` returns the summary; `hooks` get every metrics record before it is
+    written, and may add fields to it (the runtime adds spot capacity, preemptions and cost).
 
     ``executor``: an ``ExecutorFactory`` (default: ``LocalExecutor``); it gets the trainer's
     model, the recipe and the weights version the run starts at, never the Loop itself."""
@@ -122,8 +181,9 @@ class Loop:
         self.metrics = MetricsLog(self.out / "metrics.jsonl")
         self.start_iteration = 0
         self.wall_offset = 0.0
+        loop_state: dict = {}
         if resume:
-            self.start_iteration, self.wall_offset = checkpoint.load_latest(
+            self.start_iteration, self.wall_offset, loop_state = checkpoint.load_latest(
                 self.out / "checkpoints", self.model, self.trainer
             )
             self.metrics.truncate_after(self.start_iteration - 1)
@@ -133,6 +193,14 @@ class Loop:
         self.version = self.start_iteration  # weights version v_i = the weights iteration i starts from
         self.executor = (executor or LocalExecutor)(self.model, recipe, self.version)
         self.evaluator = Evaluator(self.model, recipe, self.reward, self.out)
+        e = recipe.explore
+        self.planner = (
+            Planner(e.planner_config(), steps=recipe.sampler.steps, group_size=r.group_size)
+            if e.enabled and e.planner else None
+        )
+        if self.planner is not None and loop_state.get("planner"):
+            self.planner.load_state_dict(loop_state["planner"])
+        self.pending: Exploration | None = None  # overlap: the next iteration's exploration in flight
 
     # --- one iteration -----------------------------------------------------------------------
     def iteration_prompts(self, it: int) -> list[str]:
@@ -150,55 +218,160 @@ class Loop:
             for p in prompts
         ]
 
+    # --- exploration ---------------------------------------------------------------------------
+    def plan(self, prompts: int) -> tuple[Arm, dict]:
+        """The (M, steps) setting of the next exploration: the planner's choice, or the fixed arm."""
+        if self.planner is None:
+            return self.recipe.explore.fixed_arm(), {}
+        decision = self.planner.choose(workers=max(1, self.executor.explore_workers()), prompts=prompts)
+        return decision.arm, {
+            "plan_arm": decision.arm.label,
+            "plan_budget_s": decision.budget_s,
+            "plan_predicted_s": decision.predicted_s.get(decision.arm.label),
+            "plan_reason": decision.reason,
+        }
+
     def submit_explore(
         self, it: int, prompts: list[str], inits: list[int | None], version: int
-    ) -> tuple[list[list[int]], Future] | None:
-        """Iteration ``it``'s exploration at weights ``version``: the candidates and the handle of
-        their scores; None when exploration is off (random seeds)."""
+    ) -> Exploration | None:
+        """Iteration ``it``'s exploration at weights ``version``, in flight; None when exploration
+        is off. Each prompt's candidates go as requests of ``explore.chunk`` seeds."""
         r, e = self.recipe.run, self.recipe.explore
         if not e.enabled:
             return None
-        cands = [candidate_seeds(r.seed, it, self.prompts.index(p), e.candidates) for p in prompts]
-        jobs = [
-            m.ExploreWork(
-                prompt=p,
-                seeds=c,
-                version=version,
-                effective_steps=e.effective_steps,
-                cache_threshold=e.cache_threshold,
-                init_seed=i,
-            )
-            for p, c, i in zip(prompts, cands, inits)
-        ]
-        return cands, self.executor.explore(f"it{it}/explore", jobs)
+        arm, plan = self.plan(len(prompts))
+        cands = [candidate_seeds(r.seed, it, self.prompts.index(p), arm.candidates) for p in prompts]
+        size = e.chunk or arm.candidates
+        owners, jobs = [], []
+        for k, (p, c, i) in enumerate(zip(prompts, cands, inits)):
+            for lo in range(0, len(c), size):
+                owners.append(k)
+                jobs.append(
+                    m.ExploreWork(
+                        prompt=p,
+                        seeds=c[lo : lo + size],
+                        version=version,
+                        effective_steps=arm.effective_steps,
+                        cache_threshold=arm.cache_threshold,
+                        init_seed=i,
+                    )
+                )
+        batch = f"it{it}/explore"
+        return Exploration(it, version, arm, plan, prompts, cands, owners, jobs, batch,
+                           self.executor.explore(batch, jobs))
+
+    def settle(self, exp: Exploration, deadline: bool) -> list[m.ExploreResult | None]:
+        """The exploration's results. ``deadline``: the next rollout starts now — wait at most
+        ``explore.wait_s`` more, then cancel what has not finished (None in its place)."""
+        if deadline and not exp.handle.done():
+            try:
+                return exp.handle.result(timeout=self.recipe.explore.wait_s)
+            except FutureTimeout:
+                self.executor.cancel(exp.batch)
+        return exp.handle.result()
 
     def select_seeds(
-        self, it: int, prompts: list[str], explored: tuple[list[list[int]], Future] | None
+        self, it: int, prompts: list[str], exp: Exploration | None, deadline: bool = False
     ) -> tuple[list[list[int]], dict]:
-        """Each group's seeds: the contrast selection of the explored candidates, or random seeds."""
+        """Each group's seeds: the contrast selection of the explored candidates that returned, or
+        random seeds (exploration off; or, for a prompt, fewer than G candidates returned)."""
         r = self.recipe.run
-        if explored is None:
-            return [candidate_seeds(r.seed, it, self.prompts.index(p), r.group_size) for p in prompts], {}
-        cands, handle = explored
-        scores = handle.result()
-        chosen = [select_contrast(c, s, r.group_size) for c, s in zip(cands, scores)]
-        spread = [
-            float(np.std(np.asarray(s)[[c.index(x) for x in ch]])) for c, s, ch in zip(cands, scores, chosen)
+        G = r.group_size
+
+        def fresh(p: str) -> list[int]:
+            return candidate_seeds(r.seed, it, self.prompts.index(p), G)
+
+        if exp is None:
+            return [fresh(p) for p in prompts], {}
+        results = self.settle(exp, deadline)
+        seeds: list[list[int]] = [[] for _ in prompts]
+        scores: list[list[float]] = [[] for _ in prompts]
+        for k, job, res in zip(exp.owners, exp.jobs, results):
+            if res is not None:
+                seeds[k] += job.seeds
+                scores[k] += res.rewards
+        exp.returned = list(zip(seeds, scores))
+        chosen, spreads, fallbacks = [], [], 0
+        for p, sd, sc in zip(prompts, seeds, scores):
+            if len(sd) < G:
+                fallbacks += 1
+                chosen.append(fresh(p))
+                continue
+            pick = select_contrast(sd, np.asarray(sc), G)
+            chosen.append(pick)
+            spreads.append(float(np.std(np.asarray(sc)[[sd.index(x) for x in pick]])))
+        got = [x for x in results if x is not None]
+        if fallbacks:
+            log.warning("iteration %d: %d of %d prompts had < %d explored candidates back by the "
+                        "deadline; random seeds for them", it, fallbacks, len(prompts), G)
+        stats = {
+            "explore_version": exp.version,
+            "explore_arm": exp.arm.label,
+            "explore_requests": len(results),
+            "explore_returned": len(got),
+            "explore_cancelled": len(results) - len(got),
+            "explore_fallback_prompts": fallbacks,
+            "explore_spread": float(np.mean(spreads)) if spreads else 0.0,
+            "explore_candidates_std": float(np.mean([np.std(x) for x in scores if x])) if got else 0.0,
+            "explore_worker_s": float(sum(x.worker_s for x in got)),
+            **exp.plan,
+        }
+        if self.planner is not None and got:
+            self.planner.observe_cost(
+                exp.arm,
+                worker_seconds=max(stats["explore_worker_s"], 1e-9),
+                samples=sum(len(sd) for sd in seeds),
+                sample_calls=sum(x.model_calls * len(j.seeds) for j, x in zip(exp.jobs, results) if x),
+            )
+            if spreads:
+                self.planner.observe_payoff(exp.arm, stats["explore_spread"])
+        return chosen, stats
+
+    def submit_check(self, it: int, exp: Exploration | None) -> tuple[list, Future] | None:
+        """Every ``explore.check_every`` iterations: re-score some explored prompts' returned
+        candidates with the current weights at full steps (stale/cached vs fresh/full)."""
+        e = self.recipe.explore
+        if exp is None or e.check_every is None or it % e.check_every or exp.returned is None:
+            return None
+        ranked = [k for k, (sd, _) in enumerate(exp.returned) if len(sd) >= 2]
+        if not ranked:
+            return None
+        picks = sorted(random.Random(self.recipe.run.seed * CHECK_STREAM + it).sample(
+            ranked, min(e.check_prompts, len(ranked))))
+        jobs = [
+            m.ExploreWork(prompt=exp.prompts[k], seeds=exp.returned[k][0], version=self.version,
+                          init_seed=exp.jobs[exp.owners.index(k)].init_seed)
+            for k in picks
         ]
-        return chosen, {
-            "explore_spread": float(np.mean(spread)),
-            "explore_candidates_std": float(np.mean([np.std(s) for s in scores])),
+        return [exp.returned[k][1] for k in picks], self.executor.explore(f"it{it}/check", jobs)
+
+    @staticmethod
+    def settle_check(check: tuple[list, Future] | None) -> dict:
+        if check is None:
+            return {}
+        stale, handle = check
+        fresh = handle.result()
+        per = [spearman(a, b.rewards) if b is not None else math.nan for a, b in zip(stale, fresh)]
+        ok = [x for x in per if not math.isnan(x)]
+        return {
+            "rank_consistency": float(np.mean(ok)) if ok else math.nan,
+            "rank_consistency_prompts": [None if math.isnan(x) else round(x, 4) for x in per],
         }
 
+    # --- one iteration -----------------------------------------------------------------------
     def step(self, it: int) -> dict:
-        """One iteration in the serial schedule (explore, then rollout, then train, then publish),
-        written against handles so other schedules can overlap its parts."""
+        """One iteration in the recipe's schedule (module docstring), written against handles."""
+        e, last = self.recipe.explore, self.recipe.run.iterations - 1
         t0 = time.monotonic()
         prompts = self.iteration_prompts(it)
         inits = self.init_seeds(it, prompts)
-        seeds, explore_stats = self.select_seeds(
-            it, prompts, self.submit_explore(it, prompts, inits, self.version)
-        )
+        exp, overlapped = None, False
+        if self.pending is not None and self.pending.iteration == it:
+            exp, overlapped, self.pending = self.pending, True, None
+        elif e.schedule == "critical":  # (overlap's first iteration: random seeds, as nothing
+            exp = self.submit_explore(it, prompts, inits, self.version)  # ran in a training window)
+        seeds, explore_stats = self.select_seeds(it, prompts, exp, deadline=overlapped)
+        check = self.submit_check(it, exp)
         t1 = time.monotonic()
         jobs = [
             m.RolloutWork(prompt=p, seeds=s, version=self.version, init_seed=i)
@@ -206,10 +379,18 @@ class Loop:
         ]
         groups = self.executor.rollout(f"it{it}/rollout", jobs).result()
         t2 = time.monotonic()
+        if e.schedule == "overlap" and it < last:  # the next iteration's exploration, at v_i
+            nxt = self.iteration_prompts(it + 1)
+            self.pending = self.submit_explore(it + 1, nxt, self.init_seeds(it + 1, nxt), self.version)
+        t3 = time.monotonic()
         train = self.trainer.update(groups)
         self.version += 1
         self.executor.publish(self.version, self.model)
-        t3 = time.monotonic()
+        t4 = time.monotonic()
+        check_stats = self.settle_check(check)
+        t5 = time.monotonic()
+        if self.planner is not None:
+            self.planner.observe_window(max(t4 - t3, 1e-6))
         rewards = torch.stack([g.rewards for g in groups])
         return {
             "event": "iteration",
@@ -218,10 +399,16 @@ class Loop:
             "reward_mean": float(rewards.mean()),
             "group_spread": float(rewards.std(1, unbiased=False).mean()),
             "rewards": [[round(float(x), 6) for x in g.rewards] for g in groups],
-            "explore_s": t1 - t0,
+            "schedule": e.schedule,
+            # the trainer's wait on exploration: selecting (critical: the whole exploration;
+            # overlap: settling at the deadline) plus submitting the next one (in-process: runs it)
+            "explore_s": (t1 - t0) + (t3 - t2),
             "rollout_s": t2 - t1,
-            "train_s": t3 - t2,
+            "train_s": t4 - t3,
+            "check_s": t5 - t4,
+            "iteration_s": t5 - t0,
             **explore_stats,
+            **check_stats,
             **train,
         }
 
@@ -231,11 +418,15 @@ class Loop:
         return self.evaluator(it, save_samples)
 
     # --- the run ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the driver besides model and optimizer (JSON)."""
+        return {"planner": self.planner.state_dict()} if self.planner is not None else {}
+
     def emit(self, record: dict, start: float) -> None:
         record["wall_s"] = round(self.wall_offset + time.monotonic() - start, 3)
-        self.metrics.write(record)
-        for hook in self.hooks:
+        for hook in self.hooks:  # before the write: a hook may add fields (the runtime's spot fields)
             hook(record)
+        self.metrics.write(record)
 
     def run(self) -> dict:
         from tqdm import tqdm
@@ -270,11 +461,20 @@ class Loop:
                     self.model,
                     self.trainer,
                     self.wall_offset + time.monotonic() - start,
+                    state=self.state_dict(),
                 )
             if out_of_time:
                 break
         bar.close()
+        if self.pending is not None:  # a run cut short by run.minutes: nothing left in flight
+            self.executor.cancel(self.pending.batch)
+            self.pending = None
         records = self.metrics.read()
+        its = [x for x in records if x["event"] == "iteration"]
+        wait_share = sum(x["explore_s"] for x in its) / max(sum(x["iteration_s"] for x in its), 1e-9)
+        if self.progress:
+            print(f"exploration ({self.recipe.explore.schedule}): the trainer waited on it "
+                  f"{wait_share:.1%} of iteration time")
         plot_rewards(records, self.out / "reward.png")
         evals = [x for x in records if x["event"] == "eval"]
         return {
@@ -284,4 +484,5 @@ class Loop:
             "final_reward_std": evals[-1]["eval_reward_std"],
             "iterations": evals[-1]["iteration"],
             "wall_s": records[-1]["wall_s"],
+            "explore_wait_share": wait_share,
         }

@@ -14,7 +14,7 @@ import tomllib
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 from spotlight.actors.config import RuntimeConfig
 from spotlight.errors import ConfigError, NotFound
@@ -87,15 +87,18 @@ class Recipe:
     spot: SpotConfig = field(default_factory=SpotConfig)
 
     def __post_init__(self) -> None:
-        if self.explore.enabled:
+        e = self.explore
+        if e.enabled:
             if self.run.group_size % 2:
                 raise ConfigError(
-                    f"run.group_size must be even when explore.enabled, got {self.run.group_size}"
+                    f"run.group_size must be even when explore.schedule={e.schedule!r}, "
+                    f"got {self.run.group_size}"
                 )
-            if self.explore.candidates < self.run.group_size:
+            field_name = "explore.arms" if e.planner else "explore.candidates"
+            if too_few := [m for m in e.candidate_counts() if m < self.run.group_size]:
                 raise ConfigError(
-                    f"explore.candidates ({self.explore.candidates}) must be >= run.group_size "
-                    f"({self.run.group_size})"
+                    f"{field_name}: every candidate count must be >= run.group_size "
+                    f"({self.run.group_size}), got {too_few}"
                 )
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,6 +195,11 @@ def _check_type(field_name: str, value: Any, hint) -> None:
         if t is int and isinstance(value, int) and not isinstance(value, bool):
             return
         if t in (str, bool) and isinstance(value, t):
+            return
+        if get_origin(t) is list and isinstance(value, list):
+            (item,) = get_args(t)
+            for i, v in enumerate(value):
+                _check_type(f"{field_name}[{i}]", v, item)
             return
     names = " or ".join(getattr(t, "__name__", str(t)) for t in allowed)
     raise ConfigError(f"{field_name} must be {names}, got {value!r}")

@@ -61,9 +61,23 @@ class RuntimeConfig:
     leave_s: float = 2.0
     """A node's budget from a spot notice (SIGTERM, metadata) to exit: finish the step, flush the
     commit, release the leases, stop the workers, deregister."""
+    explore_on: str = "any"
+    """Which nodes' workers pull exploration requests: 'any', or 'spot' (reserved workers then
+    serve rollouts only, and the reserved node's cores stay with the trainer while it updates)."""
+    worker_versions: int = 2
+    """Weights versions a worker keeps in memory, so alternating between a rollout at v_{i+1} and
+    an exploration at v_i switches by a local copy instead of fetching from the store (>= 1)."""
     queue_lost_s: float = 30.0
     """A node agent whose queue has not answered for this long decides the reserved side is gone
     and leaves."""
+    node_lost_s: float = 30.0
+    """A node agent silent this long (no heartbeat to the controller: SIGKILLed, frozen, cut off)
+    is declared lost: it leaves the registry (and the cost meter) as a preemption. Its leases come
+    back through their own expiry (``lease_s``)."""
+    step_commits: bool = True
+    """Workers commit a rollout's state after every denoising step, so a preempted request resumes
+    from its last step elsewhere; false (the naive_spot baseline): one commit at the end only, and a
+    preempted request restarts from scratch."""
     metadata_poll_s: float = 2.0
     """How often a node agent polls its spot-notice metadata URL (when it has one)."""
     service_start_s: float = 60.0
@@ -91,6 +105,13 @@ class RuntimeConfig:
         for f in dataclasses.fields(self):
             if f.name.endswith("_s") and not getattr(self, f.name) > 0:
                 raise ConfigError(f"runtime.{f.name} must be > 0 seconds, got {getattr(self, f.name)}")
+        if not self.heartbeat_s < self.node_lost_s:
+            raise ConfigError(f"runtime.heartbeat_s must be < runtime.node_lost_s ({self.node_lost_s}), "
+                              f"got {self.heartbeat_s}")
+        if self.explore_on not in ("any", "spot"):
+            raise ConfigError(f"runtime.explore_on must be 'any' or 'spot', got {self.explore_on!r}")
+        if self.worker_versions < 1:
+            raise ConfigError(f"runtime.worker_versions must be >= 1, got {self.worker_versions}")
         if not self.heartbeat_s < self.lease_s:
             raise ConfigError(f"runtime.heartbeat_s must be < runtime.lease_s ({self.lease_s}), "
                               f"got {self.heartbeat_s}")
@@ -117,6 +138,12 @@ class RuntimeConfig:
         """Leaving: how long the agent waits for its in-flight long polls to come back (one
         pull_wait_s plus a tenth of a reply timeout)."""
         return self.pull_wait_s + self.rpc_timeout_s / 10
+
+    @property
+    def node_sweep_s(self) -> float:
+        """How often the controller looks for silent nodes (a quarter of node_lost_s): a node that
+        stopped beating is declared lost within 1.25 x node_lost_s."""
+        return self.node_lost_s / 4
 
     @property
     def metadata_timeout_s(self) -> float:

@@ -25,6 +25,16 @@ loop stops, then the services get SIGTERM; anything left after ``runtime.stop_gr
 killed. After an actor died, nothing is left to leave cleanly for: everything is killed at once.
 Children also die with this process (PR_SET_PDEATHSIG) if it is killed outright.
 
+Spot capacity (the recipe's ``[spot]``): with ``spot.trace`` set, the local spot nodes are the
+trace's, replayed by a ``FaultInjector`` (``spotlight.spot.injector``): nodes present at run second
+0 start with the runtime, later ones come and go while the run goes on (``add_node``,
+``signal_node``: a notice or a SIGKILL), and ``runtime.spot_workers`` is not used. A spot agent's
+exit, of any status, is a node leaving, never the run's failure. The trace is read (or drawn)
+before anything starts: a bad one is one ``ConfigError`` line. ``account`` (``SpotAccount``)
+counts GPU-seconds and dollars per node class from the controller's join, leave and lost events,
+preemptions, and, from the workers' step log (``<logs>/steps.log``), requests resumed or re-run
+and steps lost; ``metrics_hook`` puts those on every iteration's metrics record.
+
 This module knows processes and addresses; the protocols live in the actors it starts.
 """
 
@@ -50,9 +60,13 @@ from spotlight.actors.controller.client import RuntimeExecutor
 from spotlight.actors.controller.core import ControllerCore
 from spotlight.actors.controller.service import BackgroundLoop, Controller
 from spotlight.actors.options import to_argv
+from spotlight.actors.worker.core import STEP_LOG_ENV
 from spotlight.comm.auth import cluster_client_keys, cluster_server_keys
 from spotlight.errors import ActorDead, ActorTimeout
 from spotlight.recipe import Recipe
+from spotlight.spot.accounting import SpotAccount
+from spotlight.spot.config import spot_replay
+from spotlight.spot.injector import FaultInjector
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +81,13 @@ class LocalRuntime:
         self.serve = serve or ServeConfig(host="127.0.0.1", port=0)
         self.log_dir = Path(log_dir) if log_dir else Path(recipe.run.out_dir) / recipe.run.name / "logs"
         self.services: dict[str, procs.Child] = {}  # "queue", "store"
-        self.agents: dict[str, procs.Child] = {}  # by kind: "reserved", "spot"
+        self.agents: dict[str, procs.Child] = {}  # "reserved", "spot" (static), or a spot node's id
+        self._spot: set[str] = set()  # keys of self.agents that are spot nodes
+        self.replay = spot_replay(recipe.spot)  # read (or drawn) before anything starts
+        self.account = SpotAccount(recipe.spot.cost_config(), self.log_dir / "steps.log",
+                                   trace_spot_price=self.replay.trace.spot_price if self.replay else None)
+        self.injector: FaultInjector | None = None
+        self._agent_cmd: list[str] = []
         self.bg: BackgroundLoop | None = None
         self.controller: Controller | None = None
         self.endpoint = ""
@@ -94,6 +114,7 @@ class LocalRuntime:
     def __enter__(self) -> LocalRuntime:
         self._dir = tempfile.mkdtemp(prefix="spl-rt-")  # short: ipc paths are capped near 100 bytes
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.log_dir / "steps.log").unlink(missing_ok=True)  # this run's steps only
         try:
             self._start()
         except BaseException:
@@ -122,6 +143,7 @@ class LocalRuntime:
         queue, store = (self._ready(self.services[n], c.service_start_s).split()[-1]
                         for n in ("queue", "store"))
         core = ControllerCore(self.recipe, self._advertised(queue), self._advertised(store))
+        core.on_event = self.account.on_event
         bind = self._bind("controller", self.serve.port)
         bg = BackgroundLoop(lambda: Controller(core, bind=bind, queue=queue, store=store, curve=curve,
                                                timeout=c.store_timeout_s, client_curve=client_curve),
@@ -134,17 +156,72 @@ class LocalRuntime:
         self.endpoint = self._advertised(self.controller.endpoint)
         # The local agents reach the controller over loopback, with the reserved keys when given.
         local = self.controller.endpoint.replace("0.0.0.0", "127.0.0.1")
-        agent = [*py, "spotlight.actors.node", "--controller", local, *keys]
-        for kind, n in [("reserved", c.reserved_workers), ("spot", c.spot_workers)]:
+        agent = self._agent_cmd = [*py, "spotlight.actors.node", "--controller", local, *keys]
+        static_spot = 0 if self.replay is not None else c.spot_workers  # a trace decides spot capacity
+        for kind, n in [("reserved", c.reserved_workers), ("spot", static_spot)]:
             if n > 0:  # start all agents first: their workers load the model in parallel
                 cmd = [*agent, "--workers", str(n), "--kind", kind, "--node-id", f"local-{kind}"]
                 self.agents[kind] = self._spawn(f"agent-{kind}", cmd, "agent ready ")
-        for child in self.agents.values():
+                if kind == "spot":
+                    self._spot.add(kind)
+        if self.replay is not None:
+            sp = self.recipe.spot
+            log.warning("%s", self.replay.describe())
+            self.injector = FaultInjector(
+                self, self.replay.events(), warning_s=self.replay.scale_s(sp.warning_s),
+                hard_kill_fraction=sp.hard_kill_fraction, notice_via=sp.notice_via, cloud=sp.cloud,
+                seed=sp.seed, expect=self.account.expect)
+            self.injector.play_initial()  # the nodes present at run second 0 start with the runtime
+        for child in list(self.agents.values()):
             self._ready(child, c.agent_start_s)
+        if self.injector is not None:
+            self.injector.start()
 
     def _spawn(self, name: str, cmd: list[str], ready: str) -> procs.Child:
+        env = {STEP_LOG_ENV: str(self.log_dir / "steps.log")}  # workers inherit it from their agent
         return procs.spawn(name, cmd, log_path=self.log_dir / f"{name}.log", ready_prefix=ready,
-                           on_exit=self._exited)
+                           on_exit=self._exited, env=env)
+
+    # --- spot nodes that come and go -------------------------------------------------------------
+    def add_node(self, node_id: str, *, metadata_url: str | None = None, wait: bool = False) -> None:
+        """Start a spot node (an agent with ``spot.workers_per_node`` workers) named ``node_id``
+        while the run goes on; it registers and pulls on its own (``wait``: until it is ready)."""
+        with self._lock:
+            if self._stopping or node_id in self.agents:
+                return
+            cmd = [*self._agent_cmd, "--workers", str(self.recipe.spot.workers_per_node), "--kind", "spot",
+                   "--node-id", node_id, *(["--metadata-url", metadata_url] if metadata_url else [])]
+            self._spot.add(node_id)
+            child = self.agents[node_id] = self._spawn(f"agent-{node_id}", cmd, "agent ready ")
+        if wait:
+            self._ready(child, self.config.agent_start_s)
+
+    def signal_node(self, node_id: str, sig: int) -> bool:
+        """Send ``sig`` to spot node ``node_id``'s agent (SIGTERM: a spot notice; SIGKILL: gone
+        without a word); False when it is not running."""
+        child = self.agents.get(node_id)
+        if child is None or child.proc.poll() is not None:
+            return False
+        try:
+            os.kill(child.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def node_alive(self, node_id: str) -> bool:
+        child = self.agents.get(node_id)
+        return child is not None and child.proc.poll() is None
+
+    def spot_pids(self) -> dict[str, list[int]]:
+        """Each running spot node's [agent pid, worker pids...]."""
+        with self._lock:
+            nodes = [(n, self.agents[n]) for n in sorted(self._spot)]
+        return {n: [c.pid, *procs.descendants(c.pid)] for n, c in nodes if c.proc.poll() is None}
+
+    def metrics_hook(self, record: dict) -> None:
+        """A ``Loop`` hook: every iteration's record gets the spot fields (``SpotAccount.snapshot``)."""
+        if record.get("event") == "iteration":
+            record.update(self.account.snapshot())
 
     def _ready(self, child: procs.Child, timeout: float) -> str:
         """``child``'s readiness line; an actor's death (this one's or another's) fails at once."""
@@ -159,7 +236,7 @@ class LocalRuntime:
         """Watcher thread: ``child`` exited. Outside shutdown, fail the run with one line."""
         if self._stopping:
             return
-        if child.name == "agent-spot" and child.proc.returncode == 0:  # a spot node left on a notice
+        if child.name.removeprefix("agent-") in self._spot:  # a spot node left (a notice) or died
             log.warning("%s", child.death())
             return
         with self._lock:
@@ -176,6 +253,8 @@ class LocalRuntime:
         with self._lock:
             self._stopping = True
         grace = 0.0 if self.death is not None else self.config.stop_grace_s
+        if self.injector is not None:
+            self.injector.stop()
         started = set(self.pids())
         for name in (c.name for c in procs.stop(list(self.agents.values()), grace)):
             log.warning("%s did not stop within %.0fs; killed it", name, grace)
@@ -192,17 +271,24 @@ class LocalRuntime:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        self.account.close()
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = ""
+        if self.injector is not None and self.injector.error is not None:
+            error, self.injector.error = self.injector.error, None
+            raise RuntimeError(f"the fault injector failed: {error!r}") from error
 
     # --- what the loop and API users get -------------------------------------------------------
     def executor(self, model, recipe: Recipe, version: int) -> RuntimeExecutor:
         """The driver's executor factory: an executor over this runtime with ``model``'s weights
         published as ``version`` (the weights the run starts from)."""
         assert self.controller is not None and self.bg is not None, "LocalRuntime is not started"
+        c = self.config
+        explorers = c.spot_workers + (c.reserved_workers if c.explore_on == "any" else 0)
         executor = RuntimeExecutor(self.bg, self.controller.queue, self.controller.store,
-                                   wait_s=self.config.batch_timeout_s, rpc_s=self.config.call_timeout_s)
+                                   wait_s=c.batch_timeout_s, rpc_s=c.call_timeout_s,
+                                   explore_workers=lambda: explorers)
         executor.publish(version, model)
         return executor
 

@@ -265,11 +265,25 @@ class WaitBatch(Message):
 @register("q.batch_done")
 @dataclass(kw_only=True, slots=True)
 class BatchDone(Message):
-    """Results in submit order (None where dead-lettered); ``dead`` lists those request ids."""
+    """Results in submit order (None where dead-lettered or cancelled); ``dead`` and
+    ``cancelled`` list those request ids."""
 
     batch: str
     results: list[WorkResult | None]
     dead: list[str]
+    cancelled: list[str]
+
+
+@register("q.cancel_batch")
+@dataclass(kw_only=True, slots=True)
+class CancelBatch(Message):
+    """Cancel every request of ``batch`` not done yet: queued ones are never leased, leased ones are
+    fenced (their heartbeats and results are refused, so a worker drops the work at its next
+    heartbeat). The batch is finished at once; a ``WaitBatch`` on it returns. Replied with
+    ``BatchDone`` (the results that did arrive). ``forget`` as in ``WaitBatch``."""
+
+    batch: str
+    forget: bool
 
 
 @register("q.stats")
@@ -373,6 +387,16 @@ class GetCommit(Message):
     """Fetch the last commit of a request; replied with Tensors or ErrorReply(NotFound)."""
 
     request_id: str
+
+
+@register("s.pin")
+@dataclass(kw_only=True, slots=True)
+class PinWeights(Message):
+    """Keep weights ``version`` held past retention (``pinned``) or release that pin; replied Ok.
+    The trainer pins a version while requests that name it are in flight."""
+
+    version: int
+    pinned: bool
 
 
 @register("s.publish")
@@ -578,6 +602,16 @@ class Deregister(Message):
 
     node_id: str
     reason: str
+
+
+@register("c.node_beat")
+@dataclass(kw_only=True, slots=True)
+class NodeBeat(Message):
+    """A node agent's liveness heartbeat (every ``runtime.heartbeat_s``). Replied with Ok; a
+    ``NotFound`` error means the controller declared the node lost (silent longer than
+    ``runtime.node_lost_s``) and the agent registers again."""
+
+    node_id: str
 
 
 # --- node agent <-> its GPU workers (ipc on one node) ------------------------------------------------

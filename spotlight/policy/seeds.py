@@ -10,37 +10,100 @@ Knows the selection rule and how candidate seeds are named; not who computes the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from spotlight.errors import ConfigError
+from spotlight.policy.planner import DEFAULT_ARMS, Arm, PlannerConfig
 from spotlight.policy.sampler import _mix
+
+SCHEDULES = ("off", "critical", "overlap")
 
 
 @dataclass(kw_only=True, slots=True)
 class ExploreConfig:
-    """Seed exploration before each rollout."""
+    """Seed exploration: when it runs, with what, and how it is checked (recipe section [explore])."""
 
-    enabled: bool = True
-    """False = random seeds (the Flow-GRPO baseline)."""
+    schedule: str = "critical"
+    """'off' = random seeds (the Flow-GRPO baseline); 'critical' = best-of-N scored with the current
+    weights before each rollout (DanceGRPO; on the critical path); 'overlap' = iteration i+1's
+    candidates scored with iteration i's weights while the trainer updates (Spotlight; spot workers
+    idle through training), cut off at i+1's rollout."""
     candidates: int = 16
-    """M: candidate seeds scored per prompt."""
+    """M: candidate seeds scored per prompt (when the planner is off)."""
     effective_steps: int | None = None
     """E: model evaluations per exploration sample, evenly spread (naive step skipping); None = all
-    rollout steps."""
+    rollout steps (when the planner is off)."""
     cache_threshold: float | None = None
     """Step caching the field uses: diffusers' first-block cache at this threshold (the later
     blocks are reused while the first block's residual changes less than this, relatively);
     None = off. 0.2-0.5 on the tiny model (docs/BENCHMARKS.md, step caching)."""
+    chunk: int | None = None
+    """Candidate seeds per exploration request; None = a prompt's M candidates in one request.
+    Smaller chunks spread a prompt over more workers and let a deadline keep part of a prompt."""
+    wait_s: float = 0.0
+    """overlap: seconds the driver may wait past the deadline (the start of the next rollout) for
+    late exploration results before cancelling them. 0 = the paper's rule; a large value makes a
+    runtime run reproduce the in-process one exactly (the equivalence test)."""
+    planner: bool = False
+    """Let the UCB planner (spotlight.policy.planner) choose (M, steps) per iteration from `arms`
+    under the training-window budget, instead of the fixed candidates/effective_steps/cache_threshold."""
+    arms: list[str] = field(default_factory=lambda: list(DEFAULT_ARMS))
+    """The planner's arms: "M" (full steps), "MxE" (E evenly spread steps), "M@t" (cache threshold)."""
+    exploration: float = 0.5
+    """The planner's UCB1 coefficient c (0 = greedy)."""
+    budget_fraction: float = 0.9
+    """Share of (predicted training window x exploring workers) the planner may fill."""
+    call_seconds: float | None = None
+    """The planner's prior worker-seconds per (sample x model call); None = cheapest arm first."""
+    check_every: int | None = None
+    """Every this many iterations, re-score some explored candidates with the fresh weights at full
+    steps and log the Spearman rank consistency of stale/cached vs fresh/full scores; None = never."""
+    check_prompts: int = 2
+    """Prompts re-scored per consistency check (all their returned candidates)."""
 
     def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(
+                f"explore.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
         if self.candidates < 2:
             raise ConfigError(f"explore.candidates must be >= 2, got {self.candidates}")
         if self.effective_steps is not None and self.effective_steps < 1:
             raise ConfigError(f"explore.effective_steps must be >= 1, got {self.effective_steps}")
         if self.cache_threshold is not None and not 0 <= self.cache_threshold <= 1:
             raise ConfigError(f"explore.cache_threshold must be in [0, 1], got {self.cache_threshold}")
+        if self.chunk is not None and self.chunk < 1:
+            raise ConfigError(f"explore.chunk must be >= 1 or unset, got {self.chunk}")
+        if not self.wait_s >= 0:
+            raise ConfigError(f"explore.wait_s must be >= 0, got {self.wait_s}")
+        if self.check_every is not None and self.check_every < 1:
+            raise ConfigError(f"explore.check_every must be >= 1 or unset, got {self.check_every}")
+        if self.check_prompts < 1:
+            raise ConfigError(f"explore.check_prompts must be >= 1, got {self.check_prompts}")
+        self.planner_config()  # arms and coefficients validated now, with the field named
+
+    @property
+    def enabled(self) -> bool:
+        """Whether seeds are selected from explored candidates (any schedule but 'off')."""
+        return self.schedule != "off"
+
+    def planner_config(self) -> PlannerConfig:
+        return PlannerConfig(
+            arms=tuple(self.arms),
+            exploration=self.exploration,
+            budget_fraction=self.budget_fraction,
+            call_seconds=self.call_seconds,
+        )
+
+    def fixed_arm(self) -> Arm:
+        """The arm used when the planner is off."""
+        return Arm(self.candidates, self.effective_steps, self.cache_threshold)
+
+    def candidate_counts(self) -> list[int]:
+        """Every M this config can choose (the planner's arms, or the fixed one)."""
+        return [a.candidates for a in self.planner_config().arms] if self.planner else [self.candidates]
 
 
 def candidate_seeds(run_seed: int, iteration: int, prompt_index: int, n: int, stream: int = 0) -> list[int]:
@@ -60,5 +123,5 @@ def select_contrast(seeds: list[int], rewards: np.ndarray, group_size: int) -> l
         raise ConfigError(f"explore.candidates ({len(seeds)}) must be >= run.group_size ({group_size})")
     order = np.argsort(-np.asarray(rewards, dtype=np.float64), kind="stable")
     half = group_size // 2
-    keep = list(order[:half]) + list(order[len(order) - half:])
+    keep = list(order[:half]) + list(order[len(order) - half :])
     return [seeds[i] for i in keep]

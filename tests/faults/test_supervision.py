@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 TINY = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16",
         "model.image_size=16", "model.patch=4", "sampler.steps=3", "sampler.sde_steps=2",
         "sampler.eval_steps=2",
-        "run.group_size=4", "explore.enabled=false", "run.iterations=1000", "run.prompts_per_iteration=2",
+        "run.group_size=4", "explore.schedule=off", "run.iterations=1000", "run.prompts_per_iteration=2",
         "run.eval_every=1000", "run.eval_seeds=1", "run.eval_samples=2", "run.checkpoint_every=1000",
         'run.mode="runtime"', "runtime.reserved_workers=1", "runtime.spot_workers=0"]
 STOP_WITHIN_S = 10.0  # the bound: from the kill to the run's exception, teardown included

@@ -52,7 +52,7 @@ TINY = [
     "sampler.sde_steps=none", 'sampler.sde_type="flow"',
     "sampler.eval_steps=2",
     "run.group_size=2",
-    "explore.enabled=false",
+    "explore.schedule=off",
     "run.iterations=1",
     "run.prompts_per_iteration=2",
     "run.eval_every=100",

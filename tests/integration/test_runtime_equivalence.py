@@ -1,7 +1,9 @@
 """The loop through the actor runtime (1 reserved + 2 spot workers, real processes over ipc) gives
 the same run as the in-process reference: same per-iteration rewards and, stronger, bit-identical
 trained weights (the GRPO update consumes every latent, log-prob and reward bit), under full and
-LoRA fine-tuning. Also: leaving the runtime leaves no process behind."""
+LoRA fine-tuning, in every exploration schedule (overlap: iteration i+1's candidates scored at
+weights v_i while the trainer updates, chunked across workers, with the rank-consistency check).
+Also: leaving the runtime leaves no process behind."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ TINY = [
 ]
 
 
-def run(tmp_path, mode: str, explore: bool, sampler: list[str]) -> tuple[Experiment, list[int]]:
+def run(tmp_path, mode: str, schedule: str, sampler: list[str]) -> tuple[Experiment, list[int]]:
     torch.set_num_threads(1)
     recipe = load_recipe(
         "tiny",
@@ -37,7 +39,7 @@ def run(tmp_path, mode: str, explore: bool, sampler: list[str]) -> tuple[Experim
             *TINY,
             *sampler,
             f'run.mode="{mode}"',
-            f"explore.enabled={str(explore).lower()}",
+            f"explore.schedule={schedule}",
             f'run.out_dir="{tmp_path}"',
             f'run.name="{mode}"',
         ],
@@ -50,13 +52,16 @@ def run(tmp_path, mode: str, explore: bool, sampler: list[str]) -> tuple[Experim
 
 
 @pytest.mark.parametrize(
-    "explore,sampler",
+    "schedule,sampler",
     [
-        (True, []),
-        (False, []),
+        ("critical", []),
+        ("off", []),
+        # Stale-weight exploration during training; wait_s: every result is used (no deadline
+        # cut), so the runtime's selections must be the in-process ones.
+        ("overlap", ["explore.wait_s=120", "explore.chunk=3", "explore.check_every=1", "run.iterations=3"]),
         # Every sampler option the workers must honour: shared x_1, an SDE window, block noise.
         (
-            True,
+            "critical",
             [
                 "sampler.shared_init=true",
                 "sampler.sde_steps=2",
@@ -67,7 +72,7 @@ def run(tmp_path, mode: str, explore: bool, sampler: list[str]) -> tuple[Experim
         # LoRA (the workers build the adapter the trainer trains), the coefficients-preserving SDE and
         # exploration through diffusers' first-block cache (which needs >= 2 blocks).
         (
-            True,
+            "critical",
             [
                 'grpo.finetune="lora"',
                 'sampler.sde_type="cps"',
@@ -78,21 +83,26 @@ def run(tmp_path, mode: str, explore: bool, sampler: list[str]) -> tuple[Experim
             ],
         ),  # 1.0: 2 of 3 calls reuse the cache
     ],
-    ids=["explore", "random-seeds", "explore-shared-init-sde-window-block-noise", "explore-lora-cps-cached"],
+    ids=["explore", "random-seeds", "overlap", "explore-shared-init-sde-window-block-noise",
+         "explore-lora-cps-cached"],
 )
-def test_runtime_matches_in_process_loop(tmp_path, monkeypatch, explore, sampler):
+def test_runtime_matches_in_process_loop(tmp_path, monkeypatch, schedule, sampler):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the workers' threads, as the in-process loop's
-    ref, _ = run(tmp_path, "in-process", explore, sampler)
-    got, pids = run(tmp_path, "runtime", explore, sampler)
+    ref, _ = run(tmp_path, "in-process", schedule, sampler)
+    got, pids = run(tmp_path, "runtime", schedule, sampler)
 
     iters = lambda exp: [r for r in exp.records if r["event"] == "iteration"]  # noqa: E731
-    assert len(iters(got)) == 2
+    assert len(iters(got)) == ref.recipe.run.iterations
     for a, b in zip(iters(ref), iters(got), strict=True):
         assert a["rewards"] == b["rewards"]
         for key in ("loss", "ratio_dev", "grad_norm", "reward_mean", "group_spread"):
             assert a[key] == b[key], key  # exact: same bits in, same bits out
-        if explore:
-            assert a["explore_spread"] == b["explore_spread"]
+        if schedule != "off":
+            for key in ("explore_spread", "explore_version", "explore_returned", "rank_consistency_prompts"):
+                assert a.get(key) == b.get(key), key
+    if schedule == "overlap":  # iterations 1.. used candidates scored with the previous weights
+        assert [r["explore_version"] for r in iters(got)] == [0, 0, 1]
+        assert all(r["explore_cancelled"] == 0 for r in iters(got))
     # Bit-identical weights after two GRPO updates on the runtime's trajectories.
     ref_state, got_state = ref.loop.model.state_dict(), got.loop.model.state_dict()
     assert ref_state.keys() == got_state.keys()

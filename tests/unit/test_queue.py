@@ -166,6 +166,46 @@ async def test_wait_batch_returns_results_in_request_order(core: RequestQueueCor
     assert core.stats()["now_done"] == 0
 
 
+async def test_cancel_batch_drops_queued_and_fences_leased(core: RequestQueueCore, clock: FakeClock) -> None:
+    """Exploration's deadline: what finished is kept, queued work is never leased, a leased
+    attempt is fenced (heartbeat, result and release refused), the waiting caller returns."""
+    core.submit([req(f"e{i}", "explore", batch="x") for i in range(3)] + [req("r", batch="y")])
+    waiter = asyncio.ensure_future(core.wait_batch("x", timeout_s=5))
+    r, e0, e1 = core.pull("w1"), core.pull("w2"), core.pull("w3")
+    assert (r.request_id, e0.request_id, e1.request_id) == ("r", "e0", "e1")
+    done_result = m.ExploreResult(rewards=[0.5], model_calls=1)
+    core.complete("e0", e0.attempt, "w2", done_result)
+    done = core.cancel_batch("x")
+    assert done.results == [done_result, None, None] and done.cancelled == ["e1", "e2"] and done.dead == []
+    assert (await waiter) == done
+    with pytest.raises(StaleAttempt):
+        core.heartbeat("e1", e1.attempt, "w3")
+    with pytest.raises(StaleAttempt):
+        core.complete("e1", e1.attempt, "w3", done_result)
+    with pytest.raises(StaleAttempt):
+        core.release("e1", e1.attempt, "w3")
+    assert core.pull("w3") is None  # e2 was queued: never leased
+    assert core.next_deadline() == r.deadline  # e1's lease is not live any more
+    clock.now += 100.0
+    assert core.expire_leases() == ["r"]  # only the other batch's lease expires
+    stats = core.stats()
+    assert stats["cancelled"] == 2 and stats["now_cancelled"] == 2
+    core.forget_batch("x")
+    with pytest.raises(NotFound, match="unknown batch"):
+        core.cancel_batch("x")
+
+
+async def test_cancel_through_the_client() -> None:
+    core = RequestQueueCore(QueueConfig(lease_s=5.0))
+    client = QueueClient.local(core)
+    await client.submit([req("a", "explore", batch="x"), req("b", "explore", batch="x")])
+    lease = await client.pull("w")
+    await client.complete(lease.request_id, lease.attempt, "w", m.ExploreResult(rewards=[1.0], model_calls=2))
+    done = await client.cancel_batch("x", forget=True)
+    assert done.cancelled == ["b"] and done.results[0].rewards == [1.0]
+    assert core.stats()["now_cancelled"] == 0  # forgotten
+
+
 def test_forgotten_requests_leave_no_live_deadline(core: RequestQueueCore, clock: FakeClock) -> None:
     """Lease-heap entries outlive the requests they name; once an iteration is forgotten, its
     stale entries must be skipped when their old deadline passes (they once crashed the queue)."""

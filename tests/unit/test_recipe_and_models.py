@@ -16,7 +16,7 @@ from spotlight.recipe import load_recipe
 
 def test_builtin_recipe_loads_with_overrides():
     r = load_recipe(
-        "tiny", ["grpo.lr=5e-5", "run.iterations=3", "model.checkpoint=none", "explore.enabled=false"]
+        "tiny", ["grpo.lr=5e-5", "run.iterations=3", "model.checkpoint=none", "explore.schedule=off"]
     )
     assert (
         r.grpo.lr == 5e-5 and r.run.iterations == 3 and r.model.checkpoint is None and not r.explore.enabled
@@ -46,7 +46,7 @@ def test_builtin_recipe_loads_with_overrides():
 def test_bad_recipe_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         # with seed selection on, whatever the demo recipe chooses: group size and candidates are checked then
-        load_recipe("tiny", ["explore.enabled=true", override])
+        load_recipe("tiny", ["explore.schedule=critical", override])
 
 
 def test_runtime_on_one_machine_needs_a_worker():

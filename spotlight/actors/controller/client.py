@@ -7,8 +7,11 @@ are bit-identical to the in-process reference — and the call returns at once w
 ``concurrent.futures.Future``). Behind the handle, on the controller's loop: wait for the batch,
 read the trajectories from the store, build the ``Group``s in job order with ``spotlight.work.group``
 (the same assembly the in-process executor uses), and free the trajectories in the background.
-Several batches may be in flight at once (exploration beside rollout and training). ``publish``
-puts the trainer's ``state_dict`` into the store as an immutable weights version.
+Several batches may be in flight at once (exploration beside rollout and training). An exploration
+batch pins its weights version in the store while it runs, may be cancelled (``cancel``: the queue
+drops what has not finished, the handle resolves with what has), and tolerates lost requests
+(None in their place); a rollout batch must complete. ``publish`` puts the trainer's
+``state_dict`` into the store as an immutable weights version.
 
 This module knows requests, versions and groups; the queue's rules, the store's and the workers'
 math live in their own modules. It never imports the loop: the driver hands it what it needs.
@@ -30,7 +33,7 @@ from spotlight.actors.controller.service import BackgroundLoop
 from spotlight.actors.queue.client import QueueClient
 from spotlight.actors.store.client import TensorStoreClient
 from spotlight.comm import messages as m
-from spotlight.errors import RemoteError
+from spotlight.errors import NotFound, RemoteError
 from spotlight.policy.grpo import Group
 
 log = logging.getLogger(__name__)
@@ -41,38 +44,52 @@ class RuntimeExecutor:
     how long one batch may take; ``rpc_s`` one store or queue call."""
 
     def __init__(self, loop: BackgroundLoop, queue: QueueClient, store: TensorStoreClient, *,
-                 wait_s: float, rpc_s: float) -> None:
+                 wait_s: float, rpc_s: float, explore_workers: Callable[[], int] = lambda: 1) -> None:
         self.bg, self.queue, self.store = loop, queue, store
         self.wait_s, self.rpc_s = wait_s, rpc_s
+        self._explore_workers = explore_workers
         self.timings: list[dict[str, Any]] = []
         """Per batch: kind, wall_s (submit to results read), worker_s (summed time inside workers),
         compute_s (summed time the workers spent computing); per publish: kind "publish", wall_s."""
         self._deletes: set[asyncio.Future] = set()  # deletes of trajectories read (loop-side)
 
-    def _submit(self, batch: str, jobs: list[m.Work], read: Callable[[list[m.WorkResult]], Coroutine]
-                ) -> concurrent.futures.Future:
+    def _submit(self, batch: str, jobs: list[m.Work], read: Callable[[list[m.WorkResult]], Coroutine],
+                *, partial: bool = False) -> concurrent.futures.Future:
+        """``partial``: the batch may come back incomplete (cancelled or dead-lettered requests are
+        None in the results) instead of failing; its weights version is pinned meanwhile."""
         requests = [
             m.WorkRequest(request_id=f"{batch}/{i}", batch=batch, work=job) for i, job in enumerate(jobs)
         ]
         kind = jobs[0].KIND if jobs else "empty"
+        versions = sorted({j.version for j in jobs}) if partial else []
 
         async def go() -> Any:
             t0 = time.perf_counter()
-            await self.queue.submit(requests)
-            done = await self.queue.wait_batch(batch, self.wait_s, forget=True)  # bounded queue memory
-            if done.dead:
+            for v in versions:
+                await self.store.pin_version(v)
+            try:
+                await self.queue.submit(requests)
+                done = await self.queue.wait_batch(batch, self.wait_s, forget=True)  # bounded queue memory
+            finally:
+                for v in versions:
+                    await self.store.pin_version(v, pinned=False)
+            if done.dead and not partial:
                 raise RemoteError(
                     f"{kind} batch {batch}: requests {done.dead} were dead-lettered (see queue stats)"
                 )
+            if done.dead:
+                log.warning("%s batch %s: %d requests dead-lettered", kind, batch, len(done.dead))
             value = await read(done.results)
+            got = [r for r in done.results if r is not None]
             self.timings.append(
                 {
                     "kind": kind,
                     "batch": batch,
                     "requests": len(requests),
+                    "returned": len(got),
                     "wall_s": time.perf_counter() - t0,
-                    "worker_s": sum(r.worker_s for r in done.results),
-                    "compute_s": sum(r.compute_s for r in done.results),
+                    "worker_s": sum(r.worker_s for r in got),
+                    "compute_s": sum(r.compute_s for r in got),
                 }
             )
             return value
@@ -80,12 +97,27 @@ class RuntimeExecutor:
         return self.bg.submit(go())
 
     def explore(self, batch: str, jobs: list[m.ExploreWork]) -> concurrent.futures.Future:
-        """Handle of each job's rewards [M] (np.float32), in job order."""
+        """Handle of each job's ``ExploreResult`` in job order (None: cancelled or lost)."""
 
-        async def read(results: list[m.ExploreResult]) -> list[np.ndarray]:
-            return [np.asarray(r.rewards, dtype=np.float32) for r in results]
+        async def read(results: list[m.ExploreResult | None]) -> list[m.ExploreResult | None]:
+            return results
 
-        return self._submit(batch, jobs, read)
+        return self._submit(batch, jobs, read, partial=True)
+
+    def cancel(self, batch: str) -> None:
+        """Drop what of ``batch`` has not finished, in the queue; its handle resolves with the rest."""
+
+        async def go() -> None:
+            try:
+                await self.queue.cancel_batch(batch)
+            except NotFound:  # it finished (and was collected) meanwhile: nothing left to cancel
+                pass
+
+        self.bg.call(go(), timeout=self.rpc_s)
+
+    def explore_workers(self) -> int:
+        """Workers that run exploration now (the planner's capacity)."""
+        return self._explore_workers()
 
     def rollout(self, batch: str, jobs: list[m.RolloutWork]) -> concurrent.futures.Future:
         """Handle of each job's ``Group``, in job order."""

@@ -11,6 +11,12 @@
   ``instance/preempted`` form) makes the agent leave: every busy worker finishes its current step
   and flushes its commit, every lease is released, workers are stopped, the agent exits — within
   ``runtime.leave_s`` (``spotlight.actors.config``). SIGINT is the same clean exit.
+- Liveness: the agent beats to the controller every ``runtime.heartbeat_s`` (``NodeBeat``); a
+  controller that declared it lost (silent past ``runtime.node_lost_s``: frozen, cut off) gets a
+  fresh registration. A pull that times out only means the queue is gone once the queue has been
+  silent ``runtime.queue_lost_s`` AND one more probe goes unanswered: an agent frozen by SIGSTOP
+  (or a long GC or swap stall) sees every timer fire at once on SIGCONT, and must not count its
+  own freeze as the queue's silence.
 - ``main``: the process shell (``python -m spotlight.actors.node`` / ``spotlight agent``).
 
 Every task is owned by a TaskGroup, every remote await has a timeout, and workers die with the
@@ -133,6 +139,7 @@ class NodeAgent:
         self._notice: asyncio.Event | None = None  # run()'s: set to leave
         self._last_contact = 0.0  # loop time of the queue's last answer
         self._notice_at: float | None = None  # loop time of the notice that made it leave
+        self._ctl: RpcClient | None = None
         self.stats = {"completed": 0, "failed": 0, "released": 0, "worker_deaths": 0, "stale": 0}
 
     # --- lifetime ------------------------------------------------------------------------------
@@ -143,6 +150,7 @@ class NodeAgent:
         try:
             curve = cluster_client_keys(c.keys) if c.keys else None
             async with RpcClient(c.controller, timeout=self.runtime.rpc_timeout_s, curve=curve) as ctl:
+                self._ctl = ctl
                 reg = await ctl.call(m.Register(node_id=c.node_id, kind=c.kind, workers=c.workers))
                 self.runtime = RuntimeConfig(**{**reg.recipe.get("runtime", {}), **c.runtime})
                 # Workers run by the same knobs (their leave share, their store timeout).
@@ -171,12 +179,21 @@ class NodeAgent:
         finally:
             shutil.rmtree(sock_dir, ignore_errors=True)
 
+    @property
+    def kinds(self) -> list[str]:
+        """The request kinds this node's workers pull (``runtime.explore_on``)."""
+        if self.config.kind == "reserved" and self.runtime.explore_on == "spot":
+            return ["rollout"]
+        return ["rollout", "explore"]
+
     async def _serve(self, notice: asyncio.Event) -> None:
         c = self.config
         async with asyncio.TaskGroup() as tg:
             slots = [tg.create_task(self._slot(h), name=f"slot {h.worker_id}") for h in self.workers]
             watch = tg.create_task(self._watch_metadata(notice)) if c.metadata_url else None
+            beat = tg.create_task(self._beat_controller(), name="node beat")
             await notice.wait()
+            beat.cancel()
             log.warning("node %s leaving (spot notice or shutdown signal)", c.node_id)
             self._notice_at = asyncio.get_running_loop().time()
             self.leaving.set()
@@ -231,10 +248,9 @@ class NodeAgent:
                     await self._start(h)
                     continue
                 try:
-                    lease = await q.pull(h.worker_id, ["rollout", "explore"],
-                                         max_wait_s=self.runtime.pull_wait_s)
+                    lease = await q.pull(h.worker_id, self.kinds, max_wait_s=self.runtime.pull_wait_s)
                 except ActorTimeout as e:
-                    self._queue_silent(e)
+                    await self._queue_silent(e)
                     continue
                 self._last_contact = asyncio.get_running_loop().time()
                 if lease is None:
@@ -244,16 +260,48 @@ class NodeAgent:
                     return
                 await self._run_lease(h, lease, completes)
 
-    def _queue_silent(self, e: ActorTimeout) -> None:
+    async def _queue_silent(self, e: ActorTimeout) -> None:
         """A pull timed out. Once the queue has been silent for ``queue_lost_s`` the reserved
-        side is gone (or cut off): leave cleanly instead of pulling forever."""
-        now = asyncio.get_running_loop().time()
+        side is gone (or cut off): leave cleanly instead of pulling forever. Before concluding,
+        ask the queue once more: after a freeze (SIGSTOP, a GC or swap stall) every timeout fires
+        at once and the silence measured is this process's own."""
+        loop = asyncio.get_running_loop()
         log.warning("queue did not answer: %s", e)
-        if now - self._last_contact >= self.runtime.queue_lost_s and self.lost is None:
+        if loop.time() - self._last_contact < self.runtime.queue_lost_s or self.lost is not None:
+            return
+        assert self.queue is not None
+        try:
+            await self.queue.stats()
+        except ActorTimeout:
+            pass
+        else:
+            log.warning("the queue answered after %.1f s without a reply (this agent was frozen or "
+                        "slow); staying", loop.time() - self._last_contact)
+            self._last_contact = loop.time()
+            return
+        now = loop.time()
+        if self.lost is None and not self.leaving.is_set():
             self.lost = f"the request queue has not answered for {now - self._last_contact:.0f}s; node left"
             log.error("%s", self.lost)
             assert self._notice is not None
             self._notice.set()
+
+    async def _beat_controller(self) -> None:
+        """Tell the controller this node is alive; register again if it declared the node lost."""
+        c, ctl = self.config, self._ctl
+        assert ctl is not None
+        while True:
+            await asyncio.sleep(self.runtime.heartbeat_s)
+            try:
+                await ctl.call(m.NodeBeat(node_id=c.node_id))
+            except NotFound:
+                log.warning("the controller declared node %s lost; registering again", c.node_id)
+                try:
+                    await ctl.call(m.Register(node_id=c.node_id, kind=c.kind, workers=c.workers))
+                except ActorTimeout as e:
+                    log.warning("register again: %s", e)
+            except ActorTimeout as e:
+                log.warning("node heartbeat: %s", e)
 
     async def _complete(self, h: WorkerHandle, lease: m.LeaseGrant, result: m.WorkResult) -> None:
         assert self.queue is not None

@@ -78,5 +78,9 @@ class QueueClient:
         """Results of ``batch`` once all are done; ``forget`` frees its records in the queue."""
         return await self._rpc(m.WaitBatch(batch=batch, timeout_s=timeout_s, forget=forget), timeout_s)
 
+    async def cancel_batch(self, batch: str, *, forget: bool = False) -> m.BatchDone:
+        """Cancel what of ``batch`` has not finished; the results that did arrive."""
+        return await self._rpc(m.CancelBatch(batch=batch, forget=forget))
+
     async def stats(self) -> m.QueueStatsReply:
         return await self._rpc(m.QueueStats())

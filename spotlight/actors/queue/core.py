@@ -13,7 +13,9 @@ is not counted toward the retry cap; an expired lease or a ``fail`` is counted, 
 ``max_attempts`` counted failures the request is dead-lettered. A re-queued request carries the
 last step its worker reported committed (``resume_step``); where that commit lives is the
 worker's and the store's business. Results are accepted only from the current attempt (fencing),
-exactly once. Requests are grouped in batches named by the submitter (``wait_batch``).
+exactly once. Requests are grouped in batches named by the submitter (``wait_batch``); a batch can
+be cancelled (``cancel_batch``: what has not finished is dropped, queued or leased, and the
+batch's results so far are returned — exploration's deadline).
 
 This module knows leases and batches; requests' work and results are opaque typed messages to it
 (it reads only the work's ``KIND`` for priority). It knows nothing of tensors, models or the store.
@@ -56,7 +58,7 @@ class _Request:
     batch: str
     work: m.Work
     seq: int  # submission order; kept on re-queue so a retried request keeps its place
-    state: str = "queued"  # queued | leased | done | dead
+    state: str = "queued"  # queued | leased | done | dead | cancelled
     attempt: int = 0  # number of the current (or last) lease; 0 before the first
     worker_id: str | None = None
     deadline: float = 0.0
@@ -88,7 +90,8 @@ class RequestQueueCore:
         self.dead_letters: list[dict[str, Any]] = []
         self.counters = dict.fromkeys(
             ["submitted", "leased", "completed", "released", "expired", "failed", "dead",
-             "heartbeats", "late_results_dropped", "stale_rejected", "duplicate_completions"], 0)
+             "heartbeats", "late_results_dropped", "stale_rejected", "duplicate_completions",
+             "cancelled"], 0)
 
     # --- producers --------------------------------------------------------------------------
     def submit(self, requests: list[m.WorkRequest]) -> None:
@@ -128,7 +131,9 @@ class RequestQueueCore:
         for kind in KINDS:
             heap = self._ready[kind]
             while kind in kinds and heap and len(grants) < max_n:
-                rec = self._requests[heapq.heappop(heap)[1]]
+                rec = self._requests.get(heapq.heappop(heap)[1])
+                if rec is None or rec.state != "queued":
+                    continue  # cancelled (or forgotten) while queued: its heap entry is dropped here
                 rec.state, rec.worker_id, rec.deadline = "leased", worker_id, now + lease_s
                 rec.attempt += 1
                 self._track_deadline(rec)
@@ -252,11 +257,30 @@ class RequestQueueCore:
                 raise ActorTimeout(
                     f"batch {batch}: {self._open.get(batch, 0)} requests still open after {timeout_s}s"
                 ) from None
+        return self._batch_reply(batch)
+
+    def cancel_batch(self, batch: str) -> m.BatchDone:
+        """Drop every request of ``batch`` that is not done: queued ones are never leased, leased
+        ones are fenced off (heartbeat, complete and release from their worker are refused as
+        stale, so the worker drops the work). Returns the batch's results so far; the batch is
+        finished (a waiting ``wait_batch`` returns the same)."""
+        if batch not in self._batches:
+            raise NotFound(f"cancel: unknown batch {batch!r}")
+        for rid in self._batches[batch]:
+            rec = self._requests[rid]
+            if rec.state in ("queued", "leased"):
+                rec.state, rec.worker_id = "cancelled", None
+                self.counters["cancelled"] += 1
+                self._finished(rec)
+        return self._batch_reply(batch)
+
+    def _batch_reply(self, batch: str) -> m.BatchDone:
         ids = self._batches[batch]
         return m.BatchDone(
             batch=batch,
             results=[self._requests[r].result for r in ids],
             dead=[r for r in ids if self._requests[r].state == "dead"],
+            cancelled=[r for r in ids if self._requests[r].state == "cancelled"],
         )
 
     def forget_batch(self, batch: str) -> None:
@@ -269,7 +293,7 @@ class RequestQueueCore:
         self._batch_done.pop(batch, None)
 
     def stats(self) -> dict[str, Any]:
-        states = {"queued": 0, "leased": 0, "done": 0, "dead": 0}
+        states = {"queued": 0, "leased": 0, "done": 0, "dead": 0, "cancelled": 0}
         for rec in self._requests.values():
             states[rec.state] += 1
         return {**self.counters, **{f"now_{k}": v for k, v in states.items()}}

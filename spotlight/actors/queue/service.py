@@ -72,8 +72,15 @@ def queue_handlers(core: RequestQueueCore) -> dict[type[m.Message], Callable[[An
             core.forget_batch(msg.batch)
         return done
 
+    def cancel_batch(msg: m.CancelBatch) -> m.BatchDone:
+        done = core.cancel_batch(msg.batch)
+        if msg.forget:
+            core.forget_batch(msg.batch)
+        return done
+
     return {
         m.Submit: lambda msg: core.submit(msg.requests) or ok,
+        m.CancelBatch: cancel_batch,
         m.Pull: pull,
         m.PullMany: pull_many,
         m.Heartbeat: lambda msg: core.heartbeat(msg.request_id, msg.attempt, msg.worker_id,

@@ -491,5 +491,9 @@ class TensorStoreClient:
             return self._read(await self._call(m.ShmFetch(what="weights", version=version)), out)
         return self._read(await self._call(m.GetWeights(version=version)), out)
 
+    async def pin_version(self, version: int, pinned: bool = True) -> None:
+        """Keep ``version`` held while requests that name it are in flight (False: release)."""
+        await self._call(m.PinWeights(version=version, pinned=pinned))
+
     async def latest_version(self) -> int | None:
         return (await self._call(m.LatestVersion())).version

@@ -79,7 +79,7 @@ class StoreHandlers:
             m.Put: self.put, m.Get: self.get, m.Delete: self.delete, m.Commit: self.commit,
             m.GetCommit: self.get_commit, m.DropCommit: self.drop_commit, m.SealCommit: self.seal_commit,
             m.PublishWeights: self.publish, m.GetWeights: self.get_weights,
-            m.LatestVersion: self.latest, m.ListKeys: self.list_keys,
+            m.LatestVersion: self.latest, m.ListKeys: self.list_keys, m.PinWeights: self.pin,
         }
         if self.segments is not None:
             table.update({m.ShmHello: self.shm_hello, m.ShmLend: self.shm_lend,
@@ -127,6 +127,13 @@ class StoreHandlers:
     def get_weights(self, msg: m.GetWeights) -> m.Message:
         return m.Tensors(key=f"weights/{msg.version}", tensors=self.core.get_weights(msg.version),
                          meta={"version": msg.version})
+
+    def pin(self, msg: m.PinWeights) -> m.Message:
+        if msg.pinned:
+            self.core.pin_version(msg.version)
+        else:
+            self.core.unpin_version(msg.version)
+        return m.Ok()
 
     def latest(self, msg: m.LatestVersion) -> m.Message:
         return m.VersionReply(version=self.core.latest_version())

@@ -16,8 +16,20 @@ the sample and seals the final commit as the trajectory under ``traj/<request_id
 (``RolloutResult``) names that key. An exploration job is ``work.explore``; its rewards travel in
 the ``ExploreResult``.
 
+Without step commits (``runtime.step_commits = false``, the naive_spot baseline) only the last
+step is committed (and sealed), so a preempted request starts over from step 0 elsewhere.
+
+Measurement: with ``SPOTLIGHT_STEP_LOG`` set (the runtime sets it to a file in its log folder),
+every denoising step computed appends one line ``request_id attempt step`` to that file (one
+O_APPEND write, so concurrent workers never interleave within a line and a SIGKILL loses at
+most the step in flight); ``spotlight.spot.accounting`` reads it to count resumed requests and
+steps lost.
+
 Weights: a job names its version; the worker loads that version before the first step (straight
-into its parameters' memory) and never changes weights inside a request.
+into its parameters' memory) and never changes weights inside a request. It keeps copies of the
+``runtime.worker_versions`` newest versions it has held, so alternating between a rollout at
+v_{i+1} and an exploration at v_i (the overlap schedule) switches with a local copy, not a fetch
+from the store (``weights_fetches`` / ``weights_switches`` count each).
 
 The process shell is ``spotlight.actors.worker.service``. This module knows the work, the model
 and the store; it knows nothing of queues or leases beyond the LeaseGrant it is handed.
@@ -27,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 
@@ -40,6 +53,10 @@ from spotlight.errors import Preempted, ProtocolError
 from spotlight.recipe import Recipe
 
 log = logging.getLogger(__name__)
+
+
+STEP_LOG_ENV = "SPOTLIGHT_STEP_LOG"
+"""Environment variable naming the file every computed denoising step is logged to (measurement)."""
 
 
 def trajectory_key(request_id: str) -> str:
@@ -61,12 +78,18 @@ class WorkerCore:
         self.recipe, self.store, self.worker_id = recipe, store, worker_id
         # Fault injection only (a slow device): lets tests land a kill between two steps.
         self.step_delay_s = step_delay_s
+        self.step_commits = recipe.runtime.step_commits
+        path = os.environ.get(STEP_LOG_ENV)
+        self._step_log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
         self.model = model if model is not None else work.policy_model(recipe)
         self.reward = work.recipe_reward(recipe)
         self.shape = work.image_shape(recipe)
         # numpy views on the parameters: get_weights(out=...) fills the model without a copy.
         self._params = {k: v.detach().numpy() for k, v in self.model.state_dict().items()}
         self.version: int | None = None
+        self._kept: dict[int, dict[str, np.ndarray]] = {}  # version -> a copy of its weights
+        self.weights_fetches = 0
+        self.weights_switches = 0
         self.request_id: str | None = None
         self.attempt = 0
         self.committed_step: int | None = None
@@ -75,15 +98,29 @@ class WorkerCore:
         self._idle.set()
 
     def close(self) -> None:
-        """Nothing to release today; kept so a device backend can free its resources here."""
+        """Close the step log; a device backend frees its resources here too."""
+        if self._step_log is not None:
+            os.close(self._step_log)
+            self._step_log = None
 
     # --- weights -------------------------------------------------------------------------------
     async def load_weights(self, version: int) -> None:
         if self.version == version:
             return
+        keep = self.recipe.runtime.worker_versions
+        if keep > 1 and self.version is not None and self.version not in self._kept:
+            self._kept[self.version] = {k: v.copy() for k, v in self._params.items()}
         self.version = None  # half-loaded weights are no version at all
-        await self.store.get_weights(version, out=self._params)
+        if version in self._kept:
+            for k, v in self._kept[version].items():
+                np.copyto(self._params[k], v)
+            self.weights_switches += 1
+        else:
+            await self.store.get_weights(version, out=self._params)
+            self.weights_fetches += 1
         self.version = version
+        for old in sorted(self._kept)[: max(0, len(self._kept) - keep)]:  # the newest `keep` stay
+            del self._kept[old]
 
     # --- requests ------------------------------------------------------------------------------
     def progress(self) -> m.WorkerProgress:
@@ -150,10 +187,16 @@ class WorkerCore:
         while not rollout.done:
             if self._stop:
                 await self.store.flush()
-                raise Preempted(f"{rid}: stopped after step {rollout.state.step} (committed)")
+                kept = "committed" if self.step_commits else "not committed: it starts over"
+                raise Preempted(f"{rid}: stopped after step {rollout.state.step} ({kept})")
             t0 = time.perf_counter()
             state = rollout.step()
             compute_s += time.perf_counter() - t0
+            if self._step_log is not None:
+                os.write(self._step_log, f"{rid} {lease.attempt} {state.step}\n".encode())
+            if not self.step_commits and not rollout.done:
+                await asyncio.sleep(self.step_delay_s)  # yield: stop/status run between steps
+                continue
             # The sampler never writes into a past step's tensors, so the store client may own
             # these (views, no copy) while the next step runs.
             if base is None:
