@@ -52,6 +52,7 @@ class Experiment:
             raise ConfigError("run.mode=\"runtime\" on one machine needs a worker: "
                               "runtime.reserved_workers + runtime.spot_workers >= 1")
         with LocalRuntime(self.recipe) as self.runtime:
+            hooks.insert(0, self.runtime.metrics_hook)  # spot fields on every iteration record
             self.loop = Loop(self.recipe, executor=self.runtime.executor, resume=resume, hooks=hooks,
                              progress=progress)
             return self.loop.run()

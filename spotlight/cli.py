@@ -266,7 +266,8 @@ def _reserved(args) -> int:
             f"{rt.endpoint}",
             flush=True,
         )
-        summary = Loop(recipe, executor=rt.executor, resume=args.resume, progress=not args.no_progress).run()
+        summary = Loop(recipe, executor=rt.executor, resume=args.resume, progress=not args.no_progress,
+                       hooks=[rt.metrics_hook]).run()
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -87,7 +87,8 @@ class SpotConfig:
 
     def __post_init__(self) -> None:
         if self.format is not None and self.format not in FORMATS:
-            raise ConfigError(f"spot.format must be one of {', '.join(FORMATS)} or unset, got {self.format!r}")
+            raise ConfigError(f"spot.format must be one of {', '.join(FORMATS)} or unset, "
+                              f"got {self.format!r}")
         if self.workers_per_node < 1:
             raise ConfigError(f"spot.workers_per_node must be >= 1, got {self.workers_per_node}")
         if self.cloud not in NOTICE_S:
@@ -96,7 +97,8 @@ class SpotConfig:
             raise ConfigError(f"spot.notice_s must be a finite number of trace seconds >= 0 or unset, "
                               f"got {self.notice_s}")
         if self.notice_via not in NOTICE_VIA:
-            raise ConfigError(f"spot.notice_via must be one of {', '.join(NOTICE_VIA)}, got {self.notice_via!r}")
+            raise ConfigError(f"spot.notice_via must be one of {', '.join(NOTICE_VIA)}, "
+                              f"got {self.notice_via!r}")
         if not (math.isfinite(self.hard_kill_fraction) and 0 <= self.hard_kill_fraction <= 1):
             raise ConfigError(f"spot.hard_kill_fraction must be in [0, 1], got {self.hard_kill_fraction}")
         self.replay_config()  # the replay's and the cost's own checks, named spot.<field>

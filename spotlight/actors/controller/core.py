@@ -2,7 +2,10 @@
 
 - ``ControllerCore``: which nodes are registered; answers a node's Register with the queue and
   tensor-store addresses, the lease length and the recipe, whose ``runtime`` section holds every
-  runtime knob (so a spot node needs only the controller's address). ``controller_handlers``
+  runtime knob (so a spot node needs only the controller's address). Node liveness comes from
+  the agents' heartbeats (``NodeBeat``): ``sweep`` declares a node silent for
+  ``runtime.node_lost_s`` lost (a SIGKILLed agent says no goodbye). Every join and leave is
+  handed to ``on_event`` (the cost meter counts GPU-seconds from them). ``controller_handlers``
   is its message API.
 - ``Controller``: the async shell: the controller's ``RpcServer`` plus open queue and store
   clients (CURVE on both sides when keys are given).
@@ -27,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from spotlight.comm import messages as m
-from spotlight.errors import ProtocolError
+from spotlight.errors import NotFound, ProtocolError
 from spotlight.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -37,11 +40,20 @@ class ControllerCore:
     """The node registry; ``queue``/``store`` are the addresses nodes are told to use. A node
     learns the run's runtime knobs (``[runtime]``: lease, heartbeat, timeouts) from the recipe."""
 
-    def __init__(self, recipe: Recipe, queue: str, store: str) -> None:
+    def __init__(self, recipe: Recipe, queue: str, store: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.recipe_dict = recipe.to_dict()
         self.queue, self.store, self.lease_s = queue, store, recipe.runtime.lease_s
+        self.node_lost_s, self.clock = recipe.runtime.node_lost_s, clock
+        self.sweep_s = recipe.runtime.node_sweep_s
         self.nodes: dict[str, dict[str, Any]] = {}
         self.left: list[dict[str, Any]] = []
+        self.on_event: Callable[[str, str, dict[str, Any]], None] | None = None
+        """Called as (event "join" | "leave" | "lost", node_id, the node's record with "reason")."""
+
+    def _event(self, event: str, node_id: str, node: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(event, node_id, node)
 
     def register(self, msg: m.Register) -> m.Registered:
         if not msg.node_id or msg.workers < 1:
@@ -50,7 +62,10 @@ class ControllerCore:
             )
         if msg.node_id in self.nodes:
             log.warning("node %s registered again (restarted?)", msg.node_id)
-        self.nodes[msg.node_id] = {"kind": msg.kind, "workers": msg.workers, "since": time.time()}
+            self._leave(msg.node_id, "registered again")
+        self.nodes[msg.node_id] = {"kind": msg.kind, "workers": msg.workers, "since": time.time(),
+                                   "seen": self.clock()}
+        self._event("join", msg.node_id, self.nodes[msg.node_id])
         log.info("node %s (%s, %d workers) registered", msg.node_id, msg.kind, msg.workers)
         return m.Registered(
             node_id=msg.node_id,
@@ -61,11 +76,34 @@ class ControllerCore:
         )
 
     def deregister(self, msg: m.Deregister) -> m.Ok:
-        node = self.nodes.pop(msg.node_id, None)
-        if node is not None:
-            self.left.append({"node_id": msg.node_id, "reason": msg.reason, **node})
+        self._leave(msg.node_id, msg.reason)
         return m.Ok()
+
+    def beat(self, msg: m.NodeBeat) -> m.Ok:
+        """A node's heartbeat; NotFound when it was declared lost (it registers again)."""
+        node = self.nodes.get(msg.node_id)
+        if node is None:
+            raise NotFound(f"node {msg.node_id} is not registered (declared lost or never joined)")
+        node["seen"] = self.clock()
+        return m.Ok()
+
+    def sweep(self) -> list[str]:
+        """Declare every node silent for ``runtime.node_lost_s`` lost; returns their ids."""
+        now = self.clock()
+        lost = [n for n, node in self.nodes.items() if now - node["seen"] >= self.node_lost_s]
+        for node_id in lost:
+            silent = now - self.nodes[node_id]["seen"]
+            log.warning("node %s lost: no heartbeat for %.1f s", node_id, silent)
+            self._leave(node_id, f"lost: no heartbeat for {silent:.1f} s", event="lost")
+        return lost
+
+    def _leave(self, node_id: str, reason: str, event: str = "leave") -> None:
+        node = self.nodes.pop(node_id, None)
+        if node is not None:
+            record = {"node_id": node_id, **node, "reason": reason}
+            self.left.append(record)
+            self._event(event, node_id, record)
 
 
 def controller_handlers(core: ControllerCore) -> dict[type[m.Message], Callable[[Any], Any]]:
-    return {m.Register: core.register, m.Deregister: core.deregister}
+    return {m.Register: core.register, m.Deregister: core.deregister, m.NodeBeat: core.beat}

@@ -47,8 +47,23 @@ class Controller:
             self.queue = QueueClient.remote(rpc)
             self.store = await stack.enter_async_context(
                 TensorStoreClient.remote(self._store_ep, timeout=self._timeout, curve=self._client_curve))
+            sweeper = asyncio.create_task(self._sweep(), name="node sweep")  # owned by the stack
+            stack.push_async_callback(self._cancel, sweeper)
             self._stack = stack.pop_all()
         return self
+
+    async def _sweep(self) -> None:
+        """Node liveness: every ``node_sweep_s``, nodes without a heartbeat for ``node_lost_s``
+        are declared lost (``ControllerCore.sweep``)."""
+        while True:
+            await asyncio.sleep(self.core.sweep_s)
+            self.core.sweep()
+
+    @staticmethod
+    async def _cancel(task: asyncio.Task) -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     async def __aexit__(self, *exc_info: Any) -> None:
         await self._stack.__aexit__(*exc_info)
