@@ -125,10 +125,7 @@ def load_recipe(source: str | Path | dict | None = None, overrides: list[str] | 
     else:
         path = _find(source)
         where = str(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML ({e})") from None
+        data = _read(path)
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         section, dot, name = key.strip().partition(".")
@@ -139,6 +136,32 @@ def load_recipe(source: str | Path | dict | None = None, overrides: list[str] | 
         return _build(data)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
+
+
+def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A recipe file's tables; ``extends = "tiny"`` (a built-in name or a path) at its top takes
+    that recipe's tables first and this file's fields over them, section by section, so a
+    baseline recipe states only what it switches."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: extends must be a recipe name or path, got {base!r}")
+    base_path = _find(base if Path(base).is_absolute() or base in _builtin() else path.parent / base)
+    if base_path in (*seen, path):
+        raise ConfigError(f"{path}: extends {base!r} makes a cycle")
+    merged = _read(base_path, (*seen, path))
+    for name, values in data.items():
+        merged[name] = {**merged.get(name, {}), **values} if isinstance(values, dict) else values
+    return merged
+
+
+def _builtin() -> list[str]:
+    return [p.stem for p in sorted(RECIPES_DIR.glob("*.toml"))]
 
 
 def _find(source: str | Path) -> Path:

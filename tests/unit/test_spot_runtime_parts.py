@@ -137,3 +137,23 @@ def test_account_prices_real_joins_and_counts_preemptions(tmp_path):
     assert snap["cost_usd"] == pytest.approx(200 / 3600 * 3.6 + 300 / 3600 * 3.6 * 0.3)
     assert snap["steps_lost"] == 0 and snap["requests_resumed"] == 0
     assert [e["event"] for e in acct.events] == ["join", "join", "leave", "join", "lost"]
+
+
+# --- baselines are recipes ----------------------------------------------------------------------------
+def test_baselines_switch_options_of_the_one_recipe(tmp_path):
+    tiny, reserved, naive = (load_recipe(n).to_dict() for n in ("tiny", "reserved_only", "naive_spot"))
+    changed = {s: {k for k in tiny[s] if tiny[s][k] != reserved[s][k]} for s in tiny}
+    assert {s: v for s, v in changed.items() if v} == {"run": {"name"},
+                                                       "runtime": {"spot_workers", "reserved_workers"}}
+    assert reserved["runtime"]["spot_workers"] == 0 and reserved["spot"]["trace"] is None
+    changed = {s: {k for k in tiny[s] if tiny[s][k] != naive[s][k]} for s in tiny}
+    assert changed["runtime"] == {"step_commits"} and naive["runtime"]["step_commits"] is False
+    assert naive["explore"]["schedule"] == "critical"
+    mine = tmp_path / "mine.toml"  # a user's recipe may extend a built-in one, and be overridden
+    mine.write_text('extends = "naive_spot"\n[run]\nname = "mine"\n')
+    r = load_recipe(mine, ["runtime.step_commits=true"])
+    assert r.run.name == "mine" and r.runtime.step_commits and r.explore.schedule == "critical"
+    loop = tmp_path / "loop.toml"
+    loop.write_text('extends = "loop.toml"\n')
+    with pytest.raises(ConfigError, match="cycle"):
+        load_recipe(loop)
