@@ -266,3 +266,31 @@ class ClientMappings:
             self._unmap(mm)
         self._maps.clear()
         self._bytes = 0
+
+
+class OwnedSegment:
+    """A segment one process creates and fills for others on its machine to read (a worker lending
+    its weights to a joining peer). The name carries the owner's pid, so ``sweep_dead`` removes it
+    if the owner is SIGKILLed; ``close`` unmaps and unlinks it."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.name = f"{PREFIX}{os.getpid()}-peer-{secrets.token_hex(4)}"
+        self.mm = _map(self.name, HEADER + max(nbytes, 1))
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # a view is still alive; the mapping goes with it
+        try:
+            os.unlink(_path(self.name))
+        except FileNotFoundError:
+            pass
+
+
+def attach(name: str) -> mmap.mmap:
+    """Map a segment another process created (read it, then close the mapping)."""
+    try:
+        return _map(name)
+    except FileNotFoundError:
+        raise ProtocolError(f"shared-memory segment {name!r} is gone") from None

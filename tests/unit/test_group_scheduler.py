@@ -48,6 +48,8 @@ def test_death_regroups_survivor_with_a_spare_resuming_from_the_last_commit():
     assert s.committed("a", 1, 3) == [] and s.requests["r1"].committed_step == 2  # stale epoch fenced
     s.committed("a", 2, 3)
     assert s.done("a", 1) == []  # stale
+    assert s.done("spare", 2) == []  # another rank finished its part: free, the request is not done
+    assert s.status()["members"]["spare"] == ("idle", None) and 2 in s.groups
     assert s.done("a", 2) == [Finished("r1", 2)]
     assert s.status()["members"] == {"a": ("idle", None), "spare": ("idle", None)}
     assert s.requests["r1"].epochs == [1, 2]

@@ -146,10 +146,16 @@ class GroupScheduler:
         return []
 
     def done(self, member: str, epoch: int) -> list[Command]:
-        """Rank 0 of `epoch` finished the request (its final commit is written)."""
+        """A member of `epoch` finished its part; rank 0's done means the request's final commit is
+        written. Another rank is free at once (its compute is over, whatever rank 0 does next)."""
         g = self.groups.get(epoch)
-        if g is None or g.members[0] != member:
+        if g is None:
             return []
+        if g.members[0] != member:
+            m = self.members.get(member)
+            if m is not None and m.epoch == epoch:
+                m.state, m.epoch = "idle", None
+            return self._schedule()
         del self.groups[epoch]
         self.finished.append(g.request_id)
         for mid in g.members:

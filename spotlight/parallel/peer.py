@@ -1,0 +1,87 @@
+"""Weights from a peer on the same node: a worker that already holds the current version lends
+them through one shared-memory segment, and a joining worker copies them into its own parameters
+instead of fetching them from the reserved store (each node fetches a version across the network
+once, not once per worker).
+
+CPU: POSIX shared memory (`spotlight.comm.shm.OwnedSegment`), one memcpy out of the lender's
+parameters and one into the joiner's. GPU: `spotlight.parallel.device` moves the same layout with
+CUDA IPC / cupy peer copy. The layout (name -> dtype, shape, byte offset) travels in the
+`WeightsShared` message; a layout from a peer is checked against the joiner's own parameters.
+
+This module knows state dicts and segments; nothing of sockets or schedulers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from spotlight.comm.shm import HEADER, OwnedSegment, attach
+from spotlight.errors import ProtocolError
+
+_ALIGN = 64
+
+
+def layout_of(state: dict[str, torch.Tensor]) -> tuple[dict[str, list], int]:
+    """name -> [dtype, shape, offset] with 64-byte aligned offsets, and the total bytes."""
+    layout, offset = {}, 0
+    for name, t in state.items():
+        layout[name] = [str(t.dtype).removeprefix("torch."), list(t.shape), offset]
+        offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+    return layout, offset
+
+
+def share(model: torch.nn.Module) -> tuple[OwnedSegment, dict[str, list], int]:
+    """Copy `model`'s state dict into a fresh segment; the caller keeps it alive until the peer
+    has copied (and closes it)."""
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    layout, nbytes = layout_of(state)
+    seg = OwnedSegment(nbytes)
+    buf = memoryview(seg.mm)[HEADER:]
+    for name, (_, _, off) in layout.items():
+        t = state[name]
+        dst = torch.frombuffer(buf, dtype=t.dtype, count=t.numel(), offset=off).view(t.shape)
+        dst.copy_(t)
+    del buf, dst
+    return seg, layout, nbytes
+
+
+def copy_from_segment(model: torch.nn.Module, segment: str, layout: dict[str, list]) -> int:
+    """Fill `model`'s parameters and buffers from a peer's segment; returns the bytes copied."""
+    state = model.state_dict()
+    if set(layout) != set(state):
+        missing, extra = sorted(set(state) - set(layout))[:3], sorted(set(layout) - set(state))[:3]
+        raise ProtocolError(f"peer weights do not match this model (missing {missing}, unexpected {extra})")
+    mm = attach(segment)
+    total = 0
+    try:
+        buf = memoryview(mm)[HEADER:]
+        with torch.no_grad():
+            for name, (dtype, shape, off) in layout.items():
+                t = state[name]
+                if [str(t.dtype).removeprefix("torch."), list(t.shape)] != [dtype, shape]:
+                    raise ProtocolError(f"peer weight {name}: {dtype}{shape} != {t.dtype}{list(t.shape)}")
+                n = t.numel() * t.element_size()
+                if off < 0 or off + n > len(buf):
+                    raise ProtocolError(f"peer weight {name} lies outside the segment")
+                t.copy_(torch.frombuffer(buf, dtype=t.dtype, count=t.numel(), offset=off).view(t.shape))
+                total += n
+        del buf
+    finally:
+        mm.close()
+    return total
+
+
+def memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
+    """This machine's warm memcpy bandwidth for a buffer of `nbytes` (the peer copy's yardstick)."""
+    import time
+
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # first touch outside the timing
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
