@@ -108,3 +108,27 @@ def test_exploration_past_its_deadline_is_cancelled_and_the_run_goes_on(tmp_path
     q = seen["queue"]
     assert q["cancelled"] == 8 and q["now_queued"] == 0 and q["now_leased"] == 0  # no work left behind
     assert "freed" in seen["v1"]  # the cancelled batches released their pins
+
+
+def test_planner_state_survives_resume(tmp_path):
+    """The planner's arm statistics are in the checkpoint: a resumed run continues with them."""
+    torch.set_num_threads(1)
+    over = [
+        *TINY,
+        "explore.schedule=overlap",
+        "explore.planner=true",
+        'explore.arms=["4", "8", "8x2"]',
+        "run.checkpoint_every=2",
+        f'run.out_dir="{tmp_path}"',
+        'run.name="planned"',
+    ]
+    from spotlight.loop import Loop
+
+    first = Loop(load_recipe("tiny", [*over, "run.iterations=2"]), progress=False)
+    first.run()
+    saved = first.planner.state_dict()
+    assert sum(saved["pulls"]) == 1  # iteration 1 used iteration 0's overlapped exploration
+    resumed = Loop(load_recipe("tiny", [*over, "run.iterations=4"]), resume=True, progress=False)
+    assert resumed.start_iteration == 2 and resumed.planner.state_dict() == saved
+    resumed.run()
+    assert sum(resumed.planner.state_dict()["pulls"]) == 2  # iteration 2: cold start; 3: overlapped
