@@ -6,6 +6,7 @@ Only writes files; knows nothing of how the numbers were produced.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +68,9 @@ def plot_rewards(records: list[dict], path: Path) -> None:
     curves = [(k, label) for k, label in EVAL_CURVES if any(k in r for r in evals)] or [
         ("eval_reward", "held-out reward")
     ]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8), constrained_layout=True)
+    explored = [r for r in train if "explore_requests" in r or "rank_consistency" in r]
+    fig, axes = plt.subplots(1, 4 if explored else 3, figsize=(20 if explored else 15, 3.8),
+                             constrained_layout=True)
     for ax, key, label in ((axes[0], "iteration", "iteration"), (axes[1], "wall_s", "wall time (s)")):
         if train:
             ax.plot(
@@ -98,6 +101,28 @@ def plot_rewards(records: list[dict], path: Path) -> None:
     axes[2].set_ylabel("flow-matching loss vs base (%)")
     axes[2].set_title("drift on rendered scenes of the eval prompts", fontsize=9)
     axes[2].grid(alpha=0.3)
+    if explored:
+        plot_exploration(axes[3], train)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_exploration(ax, train: list[dict]) -> None:
+    """Per iteration: the share of iteration time the trainer waited on exploration, and the rank
+    consistency (Spearman) of stale/cached vs fresh/full candidate scores where it was checked."""
+    its = [r["iteration"] for r in train]
+    ax.plot(its, [100 * r["explore_s"] / max(r.get("iteration_s", 0.0), 1e-9) for r in train],
+            lw=1, color="C1", label="trainer waiting on exploration (% of iteration)")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("% of iteration time", color="C1")
+    ax.set_ylim(bottom=0)
+    checked = [r for r in train if not math.isnan(r.get("rank_consistency", math.nan))]
+    if checked:
+        twin = ax.twinx()
+        twin.plot([r["iteration"] for r in checked], [r["rank_consistency"] for r in checked], "o",
+                  color="C2", label="rank consistency (Spearman)")
+        twin.set_ylim(-1, 1)
+        twin.set_ylabel("Spearman, stale/cached vs fresh/full", color="C2")
+    ax.set_title(f"exploration ({train[0].get('schedule', '?')})", fontsize=9)
+    ax.grid(alpha=0.3)
