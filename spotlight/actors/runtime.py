@@ -285,10 +285,15 @@ class LocalRuntime:
         published as ``version`` (the weights the run starts from)."""
         assert self.controller is not None and self.bg is not None, "LocalRuntime is not started"
         c = self.config
-        explorers = c.spot_workers + (c.reserved_workers if c.explore_on == "any" else 0)
+        nodes = self.controller.core.nodes  # the registry: nodes join and leave during a run
+
+        def explorers() -> int:  # workers that pull exploration now (the planner's capacity)
+            return sum(n["workers"] for n in list(nodes.values())
+                       if c.explore_on == "any" or n["kind"] == "spot")
+
         executor = RuntimeExecutor(self.bg, self.controller.queue, self.controller.store,
                                    wait_s=c.batch_timeout_s, rpc_s=c.call_timeout_s,
-                                   explore_workers=lambda: explorers)
+                                   explore_workers=explorers)
         executor.publish(version, model)
         return executor
 
