@@ -664,12 +664,15 @@ class WorkerStop(Message):
 @register("g.hello")
 @dataclass(kw_only=True, slots=True)
 class MemberHello(Message):
-    """A member process is up with its model loaded (``load_s``: import + build + weights)."""
+    """A member process is up with its model loaded (``load_s``: import + build + weights;
+    ``weights_s``: the part spent moving ``weights_bytes`` from the store file or a peer)."""
 
     member: str
     pid: int
     load_s: float
     weights_from: str
+    weights_bytes: int = 0
+    weights_s: float = 0.0
 
 
 @register("g.form")

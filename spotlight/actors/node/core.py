@@ -161,11 +161,14 @@ class NodeAgent:
                     self.queue = QueueClient.remote(qrpc)
                     self.workers = [WorkerHandle(i, c.node_id, sock_dir) for i in range(c.workers)]
                     try:
-                        async with asyncio.TaskGroup() as tg:
-                            for h in self.workers:
-                                tg.create_task(self._start(h))
-                        announce_ready(f"agent ready {c.node_id} workers={c.workers}")
-                        await self._serve(notice)
+                        async with asyncio.TaskGroup() as life:  # beats from registration on
+                            beat = life.create_task(self._beat_controller(), name="node beat")
+                            async with asyncio.TaskGroup() as tg:
+                                for h in self.workers:
+                                    tg.create_task(self._start(h))
+                            announce_ready(f"agent ready {c.node_id} workers={c.workers}")
+                            await self._serve(notice)
+                            beat.cancel()
                     finally:
                         await self._stop_workers()
                 try:
@@ -191,9 +194,7 @@ class NodeAgent:
         async with asyncio.TaskGroup() as tg:
             slots = [tg.create_task(self._slot(h), name=f"slot {h.worker_id}") for h in self.workers]
             watch = tg.create_task(self._watch_metadata(notice)) if c.metadata_url else None
-            beat = tg.create_task(self._beat_controller(), name="node beat")
             await notice.wait()
-            beat.cancel()
             log.warning("node %s leaving (spot notice or shutdown signal)", c.node_id)
             self._notice_at = asyncio.get_running_loop().time()
             self.leaving.set()

@@ -31,6 +31,7 @@ import zmq
 from spotlight.actors.node.groups import Finished, Form, GroupScheduler, Kill, Leave
 from spotlight.comm import messages as m
 from spotlight.comm.codec import decode, encode
+from spotlight.comm.shm import sweep_dead
 from spotlight.errors import ActorTimeout
 
 
@@ -90,6 +91,9 @@ class GroupAgent:
     def kill(self, name: str) -> None:
         self._note("kill", name)
         self.procs[name].send_signal(signal.SIGKILL)
+
+    def procs_alive(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is None]
 
     def stop_process(self, name: str, sig: int) -> None:
         self.procs[name].send_signal(sig)
@@ -160,6 +164,7 @@ class GroupAgent:
         self.poller.unregister(fd)
         os.close(fd)
         code = self.procs[name].wait()
+        sweep_dead()  # weights it was lending to a peer, if any
         self._note("died", f"{name} code={code}")
         self._do(self.sched.died(name, f"exit code {code}"))
 

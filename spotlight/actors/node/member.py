@@ -64,20 +64,24 @@ def read_commit(path: Path):
 
 
 def build(spec: dict):
-    """The member's model, with its weights from the store file or a peer's segment."""
+    """The member's model, with its weights from the store file or a peer's segment; returns
+    (model, where from, bytes moved, seconds moving them)."""
     from safetensors.torch import load_file
 
     from spotlight.data.scenes import VOCABULARY
     from spotlight.models.dit import ModelConfig, build_model
 
     model = build_model(ModelConfig(**spec["model"]), VOCABULARY).requires_grad_(False).eval()
+    t0 = time.perf_counter()
     if spec.get("peer"):
         from spotlight.parallel.peer import copy_from_segment
 
-        copy_from_segment(model, spec["peer"]["segment"], spec["peer"]["layout"])
-        return model, "peer"
-    model.load_state_dict(load_file(spec["weights"]))
-    return model, "store"
+        nbytes = copy_from_segment(model, spec["peer"]["segment"], spec["peer"]["layout"])
+        return model, "peer", nbytes, time.perf_counter() - t0
+    state = load_file(spec["weights"])
+    model.load_state_dict(state)
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    return model, "store", nbytes, time.perf_counter() - t0
 
 
 class Member:
@@ -87,7 +91,7 @@ class Member:
 
         t0 = time.perf_counter()
         self.name, self.spec = name, spec
-        self.model, weights_from = build(spec)
+        self.model, weights_from, weights_bytes, weights_s = build(spec)
         load_s = time.perf_counter() - t0
         self.sampler = SamplerConfig(**spec["sampler"])
         cfg = self.model.cfg
@@ -105,7 +109,8 @@ class Member:
         self.step: int | None = None
         self.in_step = False
         self.shared = None  # the segment of weights lent to a joining peer (kept until exit)
-        self._send(m.MemberHello(member=name, pid=os.getpid(), load_s=load_s, weights_from=weights_from))
+        self._send(m.MemberHello(member=name, pid=os.getpid(), load_s=load_s, weights_from=weights_from,
+                                 weights_bytes=weights_bytes, weights_s=weights_s))
 
     def _send(self, msg: m.Message) -> None:
         self.sock.send_multipart(encode(msg), copy=False)
@@ -134,6 +139,8 @@ class Member:
             elif isinstance(msg, m.ShareWeights):
                 from spotlight.parallel.peer import share
 
+                if self.shared is not None:
+                    self.shared.close()  # one lent copy at a time
                 self.shared, layout, nbytes = share(self.model)
                 self._send(m.WeightsShared(member=self.name, nonce=msg.nonce, segment=self.shared.name,
                                            nbytes=nbytes, layout=layout))
