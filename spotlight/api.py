@@ -12,8 +12,10 @@ clients are reachable as `exp.queue` / `exp.store` while it runs.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
+from spotlight import checkpoint
 from spotlight.errors import ConfigError
 from spotlight.recipe import Recipe, load_recipe
 
@@ -47,6 +49,8 @@ class Experiment:
             return self.loop.run()
         from spotlight.actors.runtime import LocalRuntime
 
+        if resume:  # no checkpoint: one line, before any process is started
+            checkpoint.latest(Path(self.recipe.run.out_dir) / self.recipe.run.name / "checkpoints")
         r = self.recipe.runtime
         if r.reserved_workers + r.spot_workers < 1:
             raise ConfigError("run.mode=\"runtime\" on one machine needs a worker: "

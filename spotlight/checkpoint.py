@@ -39,13 +39,20 @@ def save(folder: Path, iteration: int, model, trainer, wall_s: float, state: dic
     return path
 
 
+def latest(folder: Path) -> Path:
+    """The newest checkpoint's model file in ``folder``; NotFound (one line) when there is none,
+    so ``--resume`` can fail before anything is started."""
+    found = sorted(p for p in Path(folder).glob("iter_*.safetensors")
+                   if not p.name.endswith(".optim.safetensors"))
+    if not found:
+        raise NotFound(f"--resume: no checkpoint in {folder}")
+    return found[-1]
+
+
 def load_latest(folder: Path, model, trainer) -> tuple[int, float, dict]:
     """Restore the newest checkpoint in `folder`; returns (iteration, wall seconds so far, the
     driver's state saved with it)."""
-    found = sorted(p for p in folder.glob("iter_*.safetensors") if not p.name.endswith(".optim.safetensors"))
-    if not found:
-        raise NotFound(f"--resume: no checkpoint in {folder}")
-    path = found[-1]
+    path = latest(folder)
     with safe_open(str(path), "pt") as f:
         extra = json.loads(f.metadata()["extra"])
     model.load_state_dict(load_file(str(path)), strict=True)

@@ -260,6 +260,10 @@ def _reserved(args) -> int:
         args.recipe,
         ["runtime.spot_workers=0", *args.overrides, 'run.mode="runtime"', 'runtime.transport="tcp"'],
     )
+    if args.resume:  # no checkpoint: one line, before any process is started
+        from spotlight import checkpoint
+
+        checkpoint.latest(Path(recipe.run.out_dir) / recipe.run.name / "checkpoints")
     with LocalRuntime(recipe, serve=ServeConfig(**given(args, ServeConfig))) as rt:
         print(
             f"controller listening on {rt.endpoint}\nspot nodes join with: launch/spot.sh --controller "

@@ -196,10 +196,12 @@ class FaultInjector:
             self.nodes.signal_node(node_id, signal.SIGKILL)
             self._record("kill_after_warning", node_id)
 
-    def random_fault(self) -> str:
-        """Chaos: SIGKILL or SIGTERM a random spot agent or one of its workers; a node whose agent
-        was hit is replaced by a fresh one. Returns what was done, e.g. "SIGKILL worker of spot1.2"."""
-        pids = {n: p for n, p in self.nodes.spot_pids().items() if self.nodes.node_alive(n)}
+    def random_fault(self, among: list[str] | None = None) -> str:
+        """Chaos: SIGKILL or SIGTERM a random spot agent or one of its workers (of the nodes
+        ``among``, e.g. those busy now; default any); a node whose agent was hit is replaced by a
+        fresh one. Returns what was done, e.g. "SIGKILL worker 123 of spot1.2"."""
+        pids = {n: p for n, p in self.nodes.spot_pids().items()
+                if self.nodes.node_alive(n) and (among is None or n in among)}
         if not pids:
             return "no spot node alive"
         node_id = self.rng.choice(sorted(pids))

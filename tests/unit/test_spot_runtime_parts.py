@@ -157,3 +157,15 @@ def test_baselines_switch_options_of_the_one_recipe(tmp_path):
     loop.write_text('extends = "loop.toml"\n')
     with pytest.raises(ConfigError, match="cycle"):
         load_recipe(loop)
+
+
+# --- --resume without a checkpoint ----------------------------------------------------------------
+@pytest.mark.parametrize("command", ["run", "reserved"])
+def test_resume_without_a_checkpoint_is_one_line_and_starts_nothing(tmp_path, capsys, command):
+    from spotlight.cli import main
+
+    extra = ['run.mode="runtime"'] if command == "run" else ["--port", "0"]
+    code = main([command, "tiny", f'run.out_dir="{tmp_path}"', *extra, "--resume", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "--resume: no checkpoint in" in err, err
+    assert not (tmp_path / "tiny" / "logs").exists()  # no runtime was started
