@@ -72,6 +72,36 @@ def copy_from_segment(model: torch.nn.Module, segment: str, layout: dict[str, li
     return total
 
 
+def share_cuda(model: torch.nn.Module) -> tuple[dict[str, dict], int]:
+    """CUDA IPC handles of `model`'s (contiguous, CUDA) state: name -> handle fields. Nothing is
+    copied on the lender's side; its tensors stay alive as long as the model does."""
+    from spotlight.parallel.device import cuda_ipc_export
+
+    state = model.state_dict()
+    handles = {k: cuda_ipc_export(v.detach()).to_wire() for k, v in state.items()}
+    return handles, sum(v.numel() * v.element_size() for v in state.values())
+
+
+def copy_from_cuda_peer(model: torch.nn.Module, handles: dict[str, dict]) -> int:
+    """Fill `model`'s CUDA state from a peer's IPC handles, GPU to GPU (cupy peer copy when it
+    works, torch's copy otherwise); returns the bytes copied."""
+    from spotlight.parallel.device import cuda_ipc_import, peer_copy
+
+    state = model.state_dict()
+    if set(handles) != set(state):
+        raise ProtocolError("peer weights (CUDA IPC) do not match this model's parameters")
+    total = 0
+    with torch.no_grad():
+        for name, h in handles.items():
+            src, dst = cuda_ipc_import(h), state[name]
+            if src.shape != dst.shape or src.dtype != dst.dtype:
+                raise ProtocolError(f"peer weight {name}: {src.dtype}{list(src.shape)} != {dst.dtype}")
+            peer_copy(dst, src.contiguous())
+            total += dst.numel() * dst.element_size()
+    torch.cuda.synchronize()
+    return total
+
+
 def memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
     """This machine's warm memcpy bandwidth for a buffer of `nbytes` (the peer copy's yardstick)."""
     import time

@@ -67,9 +67,9 @@ class GroupAgent:
         self._nonce = 0
 
     # --- members -----------------------------------------------------------------------------------
-    def spawn(self, name: str, peer: dict | None = None) -> None:
-        """Start a member process (model from the store file, or from `peer`'s segment)."""
-        spec = {**self.spec, "peer": peer}
+    def spawn(self, name: str, peer: dict | None = None, device: str = "cpu") -> None:
+        """Start a member process on `device` (model from the store file, or from `peer`)."""
+        spec = {**self.spec, "peer": peer, "device": device}
         path = self.workdir / f"{name}.spec.json"
         path.write_text(json.dumps(spec))
         cmd = [sys.executable, "-m", "spotlight.actors.node.member", "--id", name,
@@ -82,9 +82,10 @@ class GroupAgent:
         self.poller.register(fd, zmq.POLLIN)
         self._note("spawn", name)
 
-    def add(self, name: str, *, timeout_s: float = 60.0, peer: dict | None = None) -> m.MemberHello:
+    def add(self, name: str, *, timeout_s: float = 60.0, peer: dict | None = None,
+            device: str = "cpu") -> m.MemberHello:
         """Spawn a member and wait until it is loaded and in the pool."""
-        self.spawn(name, peer)
+        self.spawn(name, peer, device)
         self.run_until(lambda: name in self.hello, timeout_s)
         return self.hello[name]
 

@@ -41,15 +41,15 @@ def write_commit(path: Path, state) -> None:
     """A rollout state after `state.step` steps, atomically (a reader never sees half a file)."""
     from safetensors.torch import save_file
 
-    tensors = {"latents": torch.stack(state.latents).contiguous()}
+    tensors = {"latents": torch.stack(state.latents).cpu().contiguous()}
     if state.log_probs:
-        tensors["log_probs"] = torch.stack(state.log_probs).contiguous()
+        tensors["log_probs"] = torch.stack(state.log_probs).cpu().contiguous()
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp), metadata={"step": str(state.step)})
     os.replace(tmp, path)
 
 
-def read_commit(path: Path):
+def read_commit(path: Path, device: torch.device | str = "cpu"):
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -57,7 +57,7 @@ def read_commit(path: Path):
 
     with safe_open(str(path), "pt") as f:
         step = int(f.metadata()["step"])
-    t = load_file(str(path))
+    t = load_file(str(path), device=str(device))
     latents = list(t["latents"].unbind(0))
     log_probs = list(t["log_probs"].unbind(0)) if "log_probs" in t else []
     return RolloutState(x=latents[-1], step=step, latents=latents, log_probs=log_probs)
@@ -71,14 +71,19 @@ def build(spec: dict):
     from spotlight.data.scenes import VOCABULARY
     from spotlight.models.dit import ModelConfig, build_model
 
-    model = build_model(ModelConfig(**spec["model"]), VOCABULARY).requires_grad_(False).eval()
+    device = torch.device(spec.get("device", "cpu"))
+    model = build_model(ModelConfig(**spec["model"]), VOCABULARY).requires_grad_(False).eval().to(device)
     t0 = time.perf_counter()
     if spec.get("peer"):
-        from spotlight.parallel.peer import copy_from_segment
+        from spotlight.parallel.peer import copy_from_cuda_peer, copy_from_segment
 
-        nbytes = copy_from_segment(model, spec["peer"]["segment"], spec["peer"]["layout"])
+        peer = spec["peer"]
+        if peer["segment"]:
+            nbytes = copy_from_segment(model, peer["segment"], peer["layout"])
+        else:  # the lender's GPU memory through CUDA IPC, copied GPU to GPU
+            nbytes = copy_from_cuda_peer(model, peer["layout"])
         return model, "peer", nbytes, time.perf_counter() - t0
-    state = load_file(spec["weights"])
+    state = load_file(spec["weights"], device=str(device))
     model.load_state_dict(state)
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     return model, "store", nbytes, time.perf_counter() - t0
@@ -96,7 +101,10 @@ class Member:
         self.sampler = SamplerConfig(**spec["sampler"])
         cfg = self.model.cfg
         self.shape = (cfg.channels, cfg.image_size, cfg.image_size)
-        self.comms = Communicators("127.0.0.1", spec["store_port"], timeout_s=spec["timeout_s"])
+        self.device = next(self.model.parameters()).device
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        self.comms = Communicators("127.0.0.1", spec["store_port"], timeout_s=spec["timeout_s"],
+                                   backend=backend)
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.linger = 0
@@ -137,12 +145,17 @@ class Member:
             elif isinstance(msg, m.GroupLeave):
                 self.left.add(msg.epoch)
             elif isinstance(msg, m.ShareWeights):
-                from spotlight.parallel.peer import share
+                from spotlight.parallel.peer import share, share_cuda
 
-                if self.shared is not None:
-                    self.shared.close()  # one lent copy at a time
-                self.shared, layout, nbytes = share(self.model)
-                self._send(m.WeightsShared(member=self.name, nonce=msg.nonce, segment=self.shared.name,
+                if self.device.type == "cuda":  # IPC handles of the live parameters: nothing to free
+                    layout, nbytes = share_cuda(self.model)
+                    segment = ""
+                else:
+                    if self.shared is not None:
+                        self.shared.close()  # one lent copy at a time
+                    self.shared, layout, nbytes = share(self.model)
+                    segment = self.shared.name
+                self._send(m.WeightsShared(member=self.name, nonce=msg.nonce, segment=segment,
                                            nbytes=nbytes, layout=layout))
             elif isinstance(msg, m.MemberStop):
                 return
@@ -160,6 +173,7 @@ class Member:
 
     def _run(self, form: m.GroupForm) -> m.Message:
         from spotlight.parallel.ulysses import parallelize
+        from spotlight.policy.sampler import start
         from spotlight.work import Rollout
 
         self.epoch, self.step, sp = form.epoch, form.resume_step, None
@@ -169,7 +183,9 @@ class Member:
             cdir = self.spec["commit_dir"]
             state = None
             if form.resume_step:
-                state = read_commit(commit_path(cdir, form.request_id, form.resume_step))
+                state = read_commit(commit_path(cdir, form.request_id, form.resume_step), self.device)
+            else:  # the start: x_1 drawn on the CPU (same bits everywhere), then moved
+                state = start(form.job.seeds, self.shape, self.device, form.job.init_seed)
             rollout = Rollout(self.model, form.job, self.sampler, self.shape, state)
             while not rollout.done:
                 if form.epoch in self.left:
