@@ -59,4 +59,6 @@ class Experiment:
             hooks.insert(0, self.runtime.metrics_hook)  # spot fields on every iteration record
             self.loop = Loop(self.recipe, executor=self.runtime.executor, resume=resume, hooks=hooks,
                              progress=progress)
-            return self.loop.run()
+            summary = self.loop.run()
+            self.runtime.plot_spot(self.records, self.loop.out / "spot.png")
+            return summary

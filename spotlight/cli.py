@@ -270,8 +270,10 @@ def _reserved(args) -> int:
             f"{rt.endpoint}",
             flush=True,
         )
-        summary = Loop(recipe, executor=rt.executor, resume=args.resume, progress=not args.no_progress,
-                       hooks=[rt.metrics_hook]).run()
+        loop = Loop(recipe, executor=rt.executor, resume=args.resume, progress=not args.no_progress,
+                    hooks=[rt.metrics_hook])
+        summary = loop.run()
+        rt.plot_spot(loop.metrics.read(), loop.out / "spot.png")
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -218,6 +218,12 @@ class LocalRuntime:
             nodes = [(n, self.agents[n]) for n in sorted(self._spot)]
         return {n: [c.pid, *procs.descendants(c.pid)] for n, c in nodes if c.proc.poll() is None}
 
+    def plot_spot(self, records: list[dict], path: Path) -> None:
+        """Capacity over time with preemption marks, and reward against cost (``spot.png``)."""
+        from spotlight.spot.plots import plot_spot
+
+        plot_spot(self.account.events, records, path)
+
     def metrics_hook(self, record: dict) -> None:
         """A ``Loop`` hook: every iteration's record gets the spot fields (``SpotAccount.snapshot``)."""
         if record.get("event") == "iteration":

@@ -118,6 +118,7 @@ class SpotAccount:
         """``ControllerCore.on_event``: a node joined, left, or was declared lost."""
         with self._lock:
             t = self.meter.clock() - self.meter.started_s
+            preempted = False
             if event == "join":
                 self.meter.join(node_id, node_class=node["kind"], gpus=int(node["workers"]))
             else:
@@ -126,13 +127,14 @@ class SpotAccount:
                 self.lost_nodes += event == "lost"
                 self.meter.leave(node_id, preempted=preempted)
             self.events.append({"t": round(t, 3), "event": event, "node": node_id, "kind": node["kind"],
-                                "reason": node.get("reason", "")})
+                                "reason": node.get("reason", ""), "preempted": preempted})
 
     def snapshot(self) -> dict[str, Any]:
         """The fields every iteration's metrics record carries (prefixed ``spot_`` where ambiguous)."""
         with self._lock:
             snap = self.meter.snapshot()
         out: dict[str, Any] = {
+            "spot_elapsed_s": round(snap["elapsed_s"], 3),  # the clock of ``events``
             "spot_nodes": snap["spot_nodes"],
             "preemptions": snap["preemptions"],
             "nodes_lost": self.lost_nodes,
