@@ -56,6 +56,7 @@ def learning_arm(schedule: str, overrides: list[str], iterations: int, out: str)
         *overrides,
         f"explore.schedule={schedule}",
         f"run.iterations={iterations}",
+        "run.minutes=none",  # iteration-based: the same work whatever the machine's load
         f'run.out_dir="{out}"',
         f'run.name="{schedule}"',
         "run.checkpoint_every=100000",
@@ -139,6 +140,7 @@ def time_arm(schedule: str, overrides: list[str], iterations: int, out: str) -> 
         f"explore.schedule={schedule}",
         f'runtime.explore_on="{"spot" if schedule == "overlap" else "any"}"',
         f"run.iterations={iterations}",
+        "run.minutes=none",
         f'run.out_dir="{out}"',
         f'run.name="time-{schedule}"',
         "run.checkpoint_every=100000",
