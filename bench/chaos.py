@@ -147,6 +147,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="spl-chaos-") as out:
         for mode in args.modes.split(","):
             rows.append(run_mode(mode, args, Path(out)))
+            print(f"{mode}: {rows[-1]}", flush=True)  # each mode's numbers as soon as they exist
     cols = ["mode", "faults", "submitted", "completed", "resumed", "rerun", "lost", "counted_twice",
             "late_refused", "not_identical", "preempted", "steps_lost", "lost_mean", "lost_max", "wall_s"]
     print(f"chaos: --kills {args.kills} --seed {args.seed}, {args.nodes} spot nodes, {args.steps} "

@@ -299,7 +299,7 @@ class LocalRuntime:
 
         executor = RuntimeExecutor(self.bg, self.controller.queue, self.controller.store,
                                    wait_s=c.batch_timeout_s, rpc_s=c.call_timeout_s,
-                                   explore_workers=explorers)
+                                   explore_workers=explorers, epoch=self.controller.core.epoch)
         executor.publish(version, model)
         return executor
 

@@ -586,13 +586,16 @@ class Register(Message):
 @dataclass(kw_only=True, slots=True)
 class Registered(Message):
     """Everything a node needs besides the controller address: where the queue and the tensor
-    store are, the lease length to heartbeat by, and the run's recipe (``Recipe.to_dict()``)."""
+    store are, the lease length to heartbeat by, and the run's recipe (``Recipe.to_dict()``).
+    ``epoch``: the reserved side's run epoch (new each time it starts, e.g. after ``--resume``); a
+    node that finds a new epoch behind the same address joins the restarted run."""
 
     node_id: str
     queue: str
     store: str
     lease_s: float
     recipe: dict[str, Any]
+    epoch: int = 0
 
 
 @register("c.deregister")

@@ -44,8 +44,12 @@ class RuntimeExecutor:
     how long one batch may take; ``rpc_s`` one store or queue call."""
 
     def __init__(self, loop: BackgroundLoop, queue: QueueClient, store: TensorStoreClient, *,
-                 wait_s: float, rpc_s: float, explore_workers: Callable[[], int] = lambda: 1) -> None:
+                 wait_s: float, rpc_s: float, explore_workers: Callable[[], int] = lambda: 1,
+                 epoch: int | None = None) -> None:
         self.bg, self.queue, self.store = loop, queue, store
+        self.epoch = "" if epoch is None else f"@{epoch}"
+        """Suffix of every request id: the run epoch, so a result of an attempt from before a
+        restart (``--resume``) names a request the new queue never had, and is refused."""
         self.wait_s, self.rpc_s = wait_s, rpc_s
         self._explore_workers = explore_workers
         self.timings: list[dict[str, Any]] = []
@@ -58,7 +62,8 @@ class RuntimeExecutor:
         """``partial``: the batch may come back incomplete (cancelled or dead-lettered requests are
         None in the results) instead of failing; its weights version is pinned meanwhile."""
         requests = [
-            m.WorkRequest(request_id=f"{batch}/{i}", batch=batch, work=job) for i, job in enumerate(jobs)
+            m.WorkRequest(request_id=f"{batch}/{i}{self.epoch}", batch=batch, work=job)
+            for i, job in enumerate(jobs)
         ]
         kind = jobs[0].KIND if jobs else "empty"
         versions = sorted({j.version for j in jobs}) if partial else []

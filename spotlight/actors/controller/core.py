@@ -46,6 +46,9 @@ class ControllerCore:
         self.queue, self.store, self.lease_s = queue, store, recipe.runtime.lease_s
         self.node_lost_s, self.clock = recipe.runtime.node_lost_s, clock
         self.sweep_s = recipe.runtime.node_sweep_s
+        self.epoch = time.time_ns() // 1_000_000
+        """This reserved side's run epoch (ms since 1970 at start): request ids and registrations
+        carry it, so nothing from before a restart (``--resume``) is ever counted."""
         self.nodes: dict[str, dict[str, Any]] = {}
         self.left: list[dict[str, Any]] = []
         self.on_event: Callable[[str, str, dict[str, Any]], None] | None = None
@@ -73,6 +76,7 @@ class ControllerCore:
             store=self.store,
             lease_s=self.lease_s,
             recipe=self.recipe_dict,
+            epoch=self.epoch,
         )
 
     def deregister(self, msg: m.Deregister) -> m.Ok:

@@ -28,6 +28,7 @@ This module knows leases, processes and notices; it knows nothing of models or t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -140,6 +141,10 @@ class NodeAgent:
         self._last_contact = 0.0  # loop time of the queue's last answer
         self._notice_at: float | None = None  # loop time of the notice that made it leave
         self._ctl: RpcClient | None = None
+        self._epoch = 0  # the reserved side's run epoch this node serves
+        self._session_end = asyncio.Event()  # set when the queue is found gone
+        self._announced = False
+        self._next: m.Registered | None = None  # a restarted run found by a heartbeat
         self.stats = {"completed": 0, "failed": 0, "released": 0, "worker_deaths": 0, "stale": 0}
 
     # --- lifetime ------------------------------------------------------------------------------
@@ -152,25 +157,13 @@ class NodeAgent:
             async with RpcClient(c.controller, timeout=self.runtime.rpc_timeout_s, curve=curve) as ctl:
                 self._ctl = ctl
                 reg = await ctl.call(m.Register(node_id=c.node_id, kind=c.kind, workers=c.workers))
-                self.runtime = RuntimeConfig(**{**reg.recipe.get("runtime", {}), **c.runtime})
-                # Workers run by the same knobs (their leave share, their store timeout).
-                self.store = reg.store
-                self.recipe = {**reg.recipe, "runtime": dataclasses.asdict(self.runtime)}
-                self._last_contact = asyncio.get_running_loop().time()
-                async with RpcClient(reg.queue, timeout=self.runtime.rpc_timeout_s, curve=curve) as qrpc:
-                    self.queue = QueueClient.remote(qrpc)
-                    self.workers = [WorkerHandle(i, c.node_id, sock_dir) for i in range(c.workers)]
-                    try:
-                        async with asyncio.TaskGroup() as life:  # beats from registration on
-                            beat = life.create_task(self._beat_controller(), name="node beat")
-                            async with asyncio.TaskGroup() as tg:
-                                for h in self.workers:
-                                    tg.create_task(self._start(h))
-                            announce_ready(f"agent ready {c.node_id} workers={c.workers}")
-                            await self._serve(notice)
-                            beat.cancel()
-                    finally:
-                        await self._stop_workers()
+                while reg is not None:  # one session per run epoch of the reserved side
+                    await self._session(reg, sock_dir, curve, notice)
+                    reg, self._next = self._next, None
+                    if reg is None and self.lost is not None and not notice.is_set():
+                        reg = await self._wait_for_reserved(ctl, self._epoch)
+                if self.lost is not None:
+                    log.error("%s", self.lost)
                 try:
                     await ctl.call(m.Deregister(node_id=c.node_id, reason="leaving"),
                                    timeout=self.runtime.deregister_s)
@@ -181,6 +174,58 @@ class NodeAgent:
                                 asyncio.get_running_loop().time() - self._notice_at)
         finally:
             shutil.rmtree(sock_dir, ignore_errors=True)
+
+    async def _session(self, reg: m.Registered, sock_dir: str, curve, notice: asyncio.Event) -> None:
+        """Serve one run epoch of the reserved side: its queue, its store, fresh workers."""
+        c = self.config
+        self.runtime = RuntimeConfig(**{**reg.recipe.get("runtime", {}), **c.runtime})
+        # Workers run by the same knobs (their leave share, their store timeout).
+        self.store, self._epoch = reg.store, reg.epoch
+        self.recipe = {**reg.recipe, "runtime": dataclasses.asdict(self.runtime)}
+        self.lost, self._session_end = None, asyncio.Event()
+        self.leaving.clear()
+        self._last_contact = asyncio.get_running_loop().time()
+        async with RpcClient(reg.queue, timeout=self.runtime.rpc_timeout_s, curve=curve) as qrpc:
+            self.queue = QueueClient.remote(qrpc)
+            self.workers = [WorkerHandle(i, c.node_id, sock_dir) for i in range(c.workers)]
+            try:
+                async with asyncio.TaskGroup() as life:  # beats from registration on
+                    beat = life.create_task(self._beat_controller(), name="node beat")
+                    async with asyncio.TaskGroup() as tg:
+                        for h in self.workers:
+                            tg.create_task(self._start(h))
+                    if not self._announced:
+                        announce_ready(f"agent ready {c.node_id} workers={c.workers}")
+                        self._announced = True
+                    await self._serve(notice)
+                    beat.cancel()
+            finally:
+                await self._stop_workers()
+
+    async def _wait_for_reserved(self, ctl: RpcClient, epoch: int) -> m.Registered | None:
+        """The queue is gone. Wait up to ``queue_lost_s`` for the reserved side to come back (a
+        restart with ``--resume`` behind the same controller address) and register with it; None
+        (leave) when it does not, or when the same run answers (its queue alone is gone)."""
+        c, rt, loop = self.config, self.runtime, asyncio.get_running_loop()
+        assert self._notice is not None
+        deadline = loop.time() + rt.queue_lost_s
+        log.warning("%s; waiting up to %.0f s for the reserved side to come back", self.lost, rt.queue_lost_s)
+        while (left := deadline - loop.time()) > 0 and not self._notice.is_set():
+            try:
+                reg = await ctl.call(m.Register(node_id=c.node_id, kind=c.kind, workers=c.workers),
+                                     timeout=min(rt.rpc_timeout_s, left))
+            except SpotlightError as e:
+                log.info("register with a restarted reserved side: %s", e)
+                with contextlib.suppress(TimeoutError):  # a refusal comes back at once: pace the retries
+                    await asyncio.wait_for(self._notice.wait(), min(rt.pull_wait_s, max(left, 0.0)))
+                continue
+            if reg.epoch == epoch:
+                self.lost += "; the same run answered without its queue"
+                return None
+            log.warning("node %s joins the restarted run (epoch %d, was %d)", c.node_id, reg.epoch, epoch)
+            return reg
+        self.lost += f"; the reserved side did not come back within {rt.queue_lost_s:.0f}s"
+        return None
 
     @property
     def kinds(self) -> list[str]:
@@ -194,13 +239,19 @@ class NodeAgent:
         async with asyncio.TaskGroup() as tg:
             slots = [tg.create_task(self._slot(h), name=f"slot {h.worker_id}") for h in self.workers]
             watch = tg.create_task(self._watch_metadata(notice)) if c.metadata_url else None
-            await notice.wait()
-            log.warning("node %s leaving (spot notice or shutdown signal)", c.node_id)
-            self._notice_at = asyncio.get_running_loop().time()
+            ends = [tg.create_task(notice.wait()), tg.create_task(self._session_end.wait())]
+            await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+            for t in ends:
+                t.cancel()
             self.leaving.set()
             if watch is not None:
                 watch.cancel()
-            await self._leave()
+            if self.lost is not None and not notice.is_set():  # the queue is gone: nothing to release
+                log.warning("node %s stops serving: %s", c.node_id, self.lost)
+            else:
+                log.warning("node %s leaving (spot notice or shutdown signal)", c.node_id)
+                self._notice_at = asyncio.get_running_loop().time()
+                await self._leave()
             # Slots finish their pull (<= pull_wait_s) and release what it brought.
             _, pending = await asyncio.wait(slots, timeout=self.runtime.pull_return_s)
             for t in pending:
@@ -283,9 +334,7 @@ class NodeAgent:
         now = loop.time()
         if self.lost is None and not self.leaving.is_set():
             self.lost = f"the request queue has not answered for {now - self._last_contact:.0f}s; node left"
-            log.error("%s", self.lost)
-            assert self._notice is not None
-            self._notice.set()
+            self._session_end.set()
 
     async def _beat_controller(self) -> None:
         """Tell the controller this node is alive; register again if it declared the node lost."""
@@ -298,9 +347,17 @@ class NodeAgent:
             except NotFound:
                 log.warning("the controller declared node %s lost; registering again", c.node_id)
                 try:
-                    await ctl.call(m.Register(node_id=c.node_id, kind=c.kind, workers=c.workers))
+                    reg = await ctl.call(m.Register(node_id=c.node_id, kind=c.kind, workers=c.workers))
                 except ActorTimeout as e:
                     log.warning("register again: %s", e)
+                    continue
+                if reg.epoch != self._epoch:  # a restarted reserved side: serve it from scratch
+                    log.warning("node %s joins the restarted run (epoch %d, was %d)", c.node_id, reg.epoch,
+                                self._epoch)
+                    self._next = reg
+                    self.lost = "the reserved side restarted"
+                    self._session_end.set()
+                    return
             except ActorTimeout as e:
                 log.warning("node heartbeat: %s", e)
 
@@ -373,12 +430,14 @@ class NodeAgent:
                 step = None
             try:
                 await q.heartbeat(lease.request_id, lease.attempt, h.worker_id, step)
+                self._last_contact = asyncio.get_running_loop().time()
             except GONE as e:
                 self.stats["stale"] += 1
                 log.info("heartbeat fenced: %s", e)
                 return
             except ActorTimeout as e:  # a slow step or a slow queue: try again next beat
                 log.warning("heartbeat for %s: %s", lease.request_id, e)
+                await self._queue_silent(e)  # a busy node learns of a gone queue here, not by pulls
 
     async def _release(self, h: WorkerHandle, lease: m.LeaseGrant) -> None:
         key = (lease.request_id, lease.attempt)
