@@ -288,6 +288,15 @@ class OwnedSegment:
             pass
 
 
+def open_readonly(name: str) -> int:
+    """A read-only descriptor of a segment another process created: ``os.preadv`` from it copies
+    straight into the caller's buffers, without faulting in a fresh mapping page by page."""
+    try:
+        return os.open(_path(name), os.O_RDONLY)
+    except FileNotFoundError:
+        raise ProtocolError(f"shared-memory segment {name!r} is gone") from None
+
+
 def attach(name: str) -> mmap.mmap:
     """Map a segment another process created (read it, then close the mapping)."""
     try:
