@@ -16,7 +16,10 @@
   fresh registration. A pull that times out only means the queue is gone once the queue has been
   silent ``runtime.queue_lost_s`` AND one more probe goes unanswered: an agent frozen by SIGSTOP
   (or a long GC or swap stall) sees every timer fire at once on SIGCONT, and must not count its
-  own freeze as the queue's silence.
+  own freeze as the queue's silence. A node whose queue is gone stops serving (its workers are
+  stopped) and keeps asking the controller for up to ``queue_lost_s``: a reserved side restarted
+  with ``--resume`` behind the same address (a new run epoch in ``Registered``) is served from
+  scratch; otherwise the node leaves (exit 2, one line).
 - ``main``: the process shell (``python -m spotlight.actors.node`` / ``spotlight agent``).
 
 Every task is owned by a TaskGroup, every remote await has a timeout, and workers die with the
