@@ -163,6 +163,8 @@ class Member:
     # --- compute thread -------------------------------------------------------------------------------
     def _compute(self) -> None:
         torch.set_num_threads(1)
+        if self.device.type == "cuda":  # the current device is per thread; NCCL uses it
+            torch.cuda.set_device(self.device)
         events = self._events_out = self.ctx.socket(zmq.PAIR)
         events.connect(f"inproc://events-{id(self)}")
         try:
