@@ -220,6 +220,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--agent", required=True)
     ap.add_argument("--spec", required=True)
     args = ap.parse_args(argv)
+    from spotlight.actors.procs import die_with_parent
+
+    die_with_parent()  # the agent is the persistent one: a member never outlives it
     torch.set_num_threads(1)
     member = Member(args.id, args.agent, json.loads(Path(args.spec).read_text()))
     try:
