@@ -8,12 +8,13 @@ Each mode: a reserved node (1 worker) and ``--nodes`` spot nodes (1 worker each)
 ``FaultInjector`` (seeded); requests are submitted in rounds of ``--round`` (each with its own
 seeds); whenever a spot node holds a request's commit (it is running one), one fault hits it: a
 SIGKILL or SIGTERM of its agent (a fresh node replaces it) or of one of its workers (the agent
-restarts it). Every trajectory is checked against its no-fault twin (the in-process rollout with
-the same weights and seeds). Printed per mode: requests submitted / completed / resumed from a
-commit / re-run from scratch / lost / counted twice, trajectories not bit-identical, and steps lost
-per preempted request (from the workers' step log: steps computed more than once) and the most
-lost in one preemption (``lost_max``: a request may be preempted more than once).
-"""
+restarts it); after ``--idle-s`` without a busy one, any registered spot node is hit (never one
+still starting: a node killed before it ever served is no test). Every trajectory is checked against
+its no-fault twin (the in-process rollout with the same weights and seeds). Printed per mode:
+requests submitted / completed / resumed from a commit / re-run from scratch / lost / counted twice,
+trajectories not bit-identical, and steps lost per preempted request (from the workers' step log:
+steps computed more than once) and the most lost in one preemption (``lost_max``: a request may be
+preempted more than once)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from spotlight.recipe import load_recipe  # noqa: E402
 from spotlight.spot.injector import FaultInjector  # noqa: E402
 from spotlight.work import policy_model  # noqa: E402
 
-PROMPTS = ["a red circle", "a blue square", "two green triangles", "a yellow star"]
+PROMPTS = ["two red circles", "three blue squares", "three yellow circles", "two green triangles"]
 MODEL = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16",
          "model.image_size=16", "model.patch=4", "sampler.sde_steps=none", 'sampler.sde_type="flow"']
 
@@ -46,7 +47,7 @@ def run_mode(name: str, args, out: Path) -> dict:
         *MODEL, f"sampler.steps={args.steps}", "run.group_size=2", f'run.out_dir="{out}"',
         f'run.name="{name}"', "runtime.reserved_workers=1", "runtime.spot_workers=0", "runtime.lease_s=1.5",
         "runtime.heartbeat_s=0.4",
-        "runtime.node_lost_s=3", f"runtime.step_commits={'false' if name == 'naive_spot' else 'true'}",
+        "runtime.node_lost_s=6", f"runtime.step_commits={'false' if name == 'naive_spot' else 'true'}",
         "runtime.max_attempts=100",  # chaos hits one request many times; none may be dead-lettered
     ])
     torch.manual_seed(args.seed)
@@ -54,7 +55,7 @@ def run_mode(name: str, args, out: Path) -> dict:
     shape = (3, 16, 16)
     twins: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     submitted, faults = [], []
-    completed = mismatched = 0
+    completed = mismatched = dead = 0
     t0 = time.monotonic()
     with LocalRuntime(recipe) as rt:
         rt.call(rt.store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()}))
@@ -84,14 +85,23 @@ def run_mode(name: str, args, out: Path) -> dict:
                 held = (rt.call(rt.store.get_commit(r)) for r in ids)
                 busy = sorted({h[2]["worker"].split("/")[0] for h in held if h is not None}
                               & set(rt.spot_pids()))
-                if busy or time.monotonic() - idle_since > args.idle_s:
-                    faults.append(injector.random_fault(busy or None))
+                if not busy and time.monotonic() - idle_since > args.idle_s:  # a spot node that is ready
+                    busy = sorted(n for n in rt.spot_pids() if rt.agents[n].ready.done()
+                                  and rt.agents[n].ready.exception() is None)
+                if busy:
+                    faults.append(injector.random_fault(busy))
                     idle_since = time.monotonic()
                 try:
                     handle.result(timeout=args.every_s)
                 except TimeoutError:
                     pass
             done = handle.result(timeout=900)
+            dead += len(done.dead)
+            missing = [r for r, x in zip(ids, done.results) if x is None]
+            if missing:
+                print(f"  {name}: round {rounds}: no result for {missing} (dead {done.dead}, "
+                      f"cancelled {done.cancelled}); queue {rt.call(rt.queue.stats()).stats}",
+                      file=sys.stderr)
             for rid, result in zip(ids, done.results):
                 if result is None:
                     continue
@@ -114,7 +124,7 @@ def run_mode(name: str, args, out: Path) -> dict:
     return {
         "mode": name, "faults": len(faults), "submitted": len(submitted), "completed": completed,
         "resumed": sum(r.resumed for r in preempted), "rerun": sum(r.rerun for r in preempted),
-        "lost": len(submitted) - completed,
+        "lost": len(submitted) - completed, "dead_lettered": dead,
         "counted_twice": (after["completed"] - before["completed"] - completed)
         + (after["duplicate_completions"] - before["duplicate_completions"]),
         "late_refused": after["late_results_dropped"] - before["late_results_dropped"],
@@ -139,12 +149,14 @@ def main() -> None:
     p.add_argument("--idle-s", type=float, default=3.0,
                    help="fault any spot node after this long without a busy one")
     p.add_argument("--modes", default="step_commits,naive_spot")
+    p.add_argument("--out", default=None, help="keep the runs' logs here (default: a temporary folder)")
     args = p.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["SPOTLIGHT_WORKER_STEP_DELAY_S"] = str(args.step_delay)  # slow device: faults land mid-request
     torch.set_num_threads(1)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="spl-chaos-") as out:
+    with tempfile.TemporaryDirectory(prefix="spl-chaos-") as tmp:
+        out = args.out or tmp  # the runs' logs (steps.log, every actor's log) stay in --out
         for mode in args.modes.split(","):
             rows.append(run_mode(mode, args, Path(out)))
             print(f"{mode}: {rows[-1]}", flush=True)  # each mode's numbers as soon as they exist

@@ -194,9 +194,15 @@ class NodeAgent:
             try:
                 async with asyncio.TaskGroup() as life:  # beats from registration on
                     beat = life.create_task(self._beat_controller(), name="node beat")
-                    async with asyncio.TaskGroup() as tg:
-                        for h in self.workers:
-                            tg.create_task(self._start(h))
+                    starting = life.create_task(self._start_all())
+                    noticed = life.create_task(notice.wait())
+                    await asyncio.wait([starting, noticed], return_when=asyncio.FIRST_COMPLETED)
+                    noticed.cancel()
+                    if not starting.done():  # a notice while the workers load: leave now
+                        log.warning("node %s leaving during start-up (spot notice or shutdown)", c.node_id)
+                        starting.cancel()
+                        beat.cancel()
+                        return
                     if not self._announced:
                         announce_ready(f"agent ready {c.node_id} workers={c.workers}")
                         self._announced = True
@@ -283,6 +289,11 @@ class NodeAgent:
         async with asyncio.TaskGroup() as tg:
             for h in self.workers:
                 tg.create_task(h.stop(grace_s=self.runtime.worker_kill_s))
+
+    async def _start_all(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for h in self.workers:
+                tg.create_task(self._start(h))
 
     async def _start(self, h: WorkerHandle) -> None:
         rt = self.runtime
