@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -91,13 +92,26 @@ def learning_summary(records: list[dict], targets: list[float]) -> dict:
 
 def learning(a: argparse.Namespace) -> None:
     targets = [float(t) for t in a.targets.split(",")]
-    results = {}
-    for schedule in a.arms.split(","):
+    arms = a.arms.split(",")
+    if a.jobs > 1 and len(arms) > 1:  # each arm in its own process (single-threaded, seeded: the
+        # same numbers as one after the other), read back from its metrics.jsonl
+        cmd = [sys.executable, __file__, "learning", "--iterations", str(a.iterations), "--out", a.out,
+               "--jobs", "1", "--no-table", *a.overrides]
         t0 = time.monotonic()
-        results[schedule] = learning_summary(
-            learning_arm(schedule, a.overrides, a.iterations, a.out), targets
-        )
-        print(f"{schedule}: done in {time.monotonic() - t0:.0f} s", flush=True)
+        procs_ = [subprocess.Popen([*cmd, "--arms", s]) for s in arms]
+        if any(p.wait() for p in procs_):
+            raise SystemExit("an arm failed")
+        print(f"arms done in {time.monotonic() - t0:.0f} s", flush=True)
+        records = {s: [json.loads(x) for x in open(Path(a.out) / s / "metrics.jsonl")] for s in arms}
+    else:
+        records = {}
+        for schedule in arms:
+            t0 = time.monotonic()
+            records[schedule] = learning_arm(schedule, a.overrides, a.iterations, a.out)
+            print(f"{schedule}: done in {time.monotonic() - t0:.0f} s", flush=True)
+    if a.no_table:
+        return
+    results = {s: learning_summary(r, targets) for s, r in records.items()}
     base = results.get("off")
     print(f"\nexploration bench (learning): iterations={a.iterations} targets={targets} "
           f"overrides={' '.join(a.overrides) or '-'}")
@@ -210,6 +224,8 @@ def main() -> None:
     p.add_argument("--arms", default="off,critical,overlap")
     p.add_argument("--targets", default="0.02,0.05,0.10,0.15", help="learning: rises over the base")
     p.add_argument("--out", default="/tmp/bench_exploration")
+    p.add_argument("--jobs", type=int, default=1, help="learning: arms run as this many processes at once")
+    p.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*")
     a = p.parse_intermixed_args()
     learning(a) if a.part == "learning" else timing(a)
