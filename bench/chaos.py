@@ -8,7 +8,7 @@ Each mode: a reserved node (1 worker) and ``--nodes`` spot nodes (1 worker each)
 ``FaultInjector`` (seeded); requests are submitted in rounds of ``--round`` (each with its own
 seeds); whenever a spot node holds a request's commit (it is running one), one fault hits it: a
 SIGKILL or SIGTERM of its agent (a fresh node replaces it) or of one of its workers (the agent
-restarts it); after ``--idle-s`` without a busy one, any registered spot node is hit (never one
+restarts it); after ``--idle-s`` without a busy one, any ready spot node is hit (never one
 still starting: a node killed before it ever served is no test). Every trajectory is checked against
 its no-fault twin (the in-process rollout with the same weights and seeds). Printed per mode:
 requests submitted / completed / resumed from a commit / re-run from scratch / lost / counted twice,
@@ -73,12 +73,12 @@ def run_mode(name: str, args, out: Path) -> dict:
                 seeds = [1000 * rounds + 2 * i, 1000 * rounds + 2 * i + 1]
                 ids.append(f"{batch}/{i}")
                 jobs.append(m.RolloutWork(prompt=prompt, seeds=seeds, version=0))
+            for rid, job in zip(ids, jobs):  # the no-fault twins, before the round (faults start with it)
+                ref = sde_rollout(model, [job.prompt] * 2, job.seeds, recipe.sampler, shape)
+                twins[rid] = (torch.stack(ref.latents), torch.stack(ref.log_probs))
             requests = [m.WorkRequest(request_id=r, batch=batch, work=j) for r, j in zip(ids, jobs)]
             rt.call(rt.queue.submit(requests))
             submitted += ids
-            for rid, job in zip(ids, jobs):  # the no-fault twins, computed while the round runs
-                ref = sde_rollout(model, [job.prompt] * 2, job.seeds, recipe.sampler, shape)
-                twins[rid] = (torch.stack(ref.latents), torch.stack(ref.log_probs))
             handle = rt.bg.submit(rt.queue.wait_batch(batch, 600))
             idle_since = time.monotonic()
             while not handle.done() and len(faults) < args.kills:
