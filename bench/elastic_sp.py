@@ -93,8 +93,7 @@ def elastic(trials: int) -> tuple[list[dict], list[dict], list[dict]]:
         spec = {"model": MODEL, "sampler": SAMPLER, "weights": str(Path(tmp) / "weights.safetensors"),
                 "timeout_s": 5.0}
         with GroupAgent(2, spec, tmp, stall_s=30.0, release_s=5.0) as agent:
-            for name in ("m0", "m1", "m2"):
-                h = agent.add(name)
+            for h in agent.add_many(["m0", "m1", "m2"]):
                 copies.append({"from": "store", "bytes": h.weights_bytes, "s": h.weights_s})
             agent.submit("ref", JOB)  # the uninterrupted degree-2 run every resume must equal
             agent.run_until(lambda: "ref" in agent.finished, 120)

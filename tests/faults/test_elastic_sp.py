@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from spotlight.actors.node.group_shell import GroupAgent
 from spotlight.comm.messages import RolloutWork
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(280)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # 3 cold member starts on a loaded 2-core box
 
 MODEL = dict(checkpoint=None, layers=2, heads=4, head_dim=16, image_size=16, patch=2)
 SAMPLER = dict(steps=6, noise_level=0.7)
@@ -50,18 +50,17 @@ def agent(tmp_path):
 
 
 def test_regroup_after_sigkill_resumes_bit_identical_without_reload(agent):
-    for name in ("a", "b", "spare"):
-        assert agent.add(name).weights_from == "store"
+    assert [h.weights_from for h in agent.add_many(["a", "b", "spare"])] == ["store"] * 3
     pids = {n: p.pid for n, p in agent.procs.items()}
     agent.submit("ref", JOB)  # uninterrupted, degree 2
-    agent.run_until(lambda: "ref" in agent.finished, 60)
+    agent.run_until(lambda: "ref" in agent.finished, 120)
     agent.submit("r1", JOB)
-    agent.run_until(lambda: agent.committed_step("r1") >= 2, 60)
+    agent.run_until(lambda: agent.committed_step("r1") >= 2, 120)
     group = agent.sched.groups[agent.sched.requests["r1"].epochs[0]].members
     victim = group[1]
     agent.kill(victim)
     t_kill = agent.first("kill", victim)
-    agent.run_until(lambda: "r1" in agent.finished, 60)
+    agent.run_until(lambda: "r1" in agent.finished, 120)
 
     assert same_bits(agent.commit_file("r1", 6), agent.commit_file("ref", 6))
     first_epoch, resumed_epoch = agent.sched.requests["r1"].epochs
@@ -78,24 +77,24 @@ def test_regroup_after_sigkill_resumes_bit_identical_without_reload(agent):
 
 
 def test_stuck_peer_status_stays_responsive_then_killed_and_a_peer_copied_joiner_fills_in(agent):
-    agent.add("a"), agent.add("b")
+    agent.add_many(["a", "b"])
     agent.submit("ref", JOB)
-    agent.run_until(lambda: "ref" in agent.finished, 60)
+    agent.run_until(lambda: "ref" in agent.finished, 120)
     agent.submit("r2", JOB)
-    agent.run_until(lambda: agent.committed_step("r2") >= 1, 60)
+    agent.run_until(lambda: agent.committed_step("r2") >= 1, 120)
     agent.stop_process("b", signal.SIGSTOP)  # alive but hung: a's collective cannot complete
     import time
 
     time.sleep(0.3)
     t0 = time.monotonic()
-    progress = agent.status("a", timeout_s=1.0)
-    assert time.monotonic() - t0 < 1.0 and progress.in_collective  # answered while stuck
+    progress = agent.status("a", timeout_s=2.0)
+    assert time.monotonic() - t0 < 2.0 and progress.in_collective  # answered while stuck
     # stall_s=3 breaks the group; a's collective times out (2 s); b never comes free: killed
-    agent.run_until(lambda: "b" not in agent.sched.members, 20)
+    agent.run_until(lambda: "b" not in agent.sched.members, 60)
     assert any(e == "kill" and "b:" in d for _, e, d in agent.log)
     assert agent.sched.status()["members"] == {"a": ("idle", None)}
     peer = agent.lend_weights("a")
     hello = agent.add("c", peer=peer)  # joins, copies a's weights, and fills the group
     assert hello.weights_from == "peer"
-    agent.run_until(lambda: "r2" in agent.finished, 60)
+    agent.run_until(lambda: "r2" in agent.finished, 120)
     assert same_bits(agent.commit_file("r2", 6), agent.commit_file("ref", 6))

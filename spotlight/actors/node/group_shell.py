@@ -82,12 +82,19 @@ class GroupAgent:
         self.poller.register(fd, zmq.POLLIN)
         self._note("spawn", name)
 
-    def add(self, name: str, *, timeout_s: float = 60.0, peer: dict | None = None,
+    def add(self, name: str, *, timeout_s: float = 240.0, peer: dict | None = None,
             device: str = "cpu") -> m.MemberHello:
         """Spawn a member and wait until it is loaded and in the pool."""
         self.spawn(name, peer, device)
         self.run_until(lambda: name in self.hello, timeout_s)
         return self.hello[name]
+
+    def add_many(self, names: list[str], *, timeout_s: float = 240.0) -> list[m.MemberHello]:
+        """Spawn members side by side (their imports overlap) and wait until all are in the pool."""
+        for name in names:
+            self.spawn(name)
+        self.run_until(lambda: all(n in self.hello for n in names), timeout_s)
+        return [self.hello[n] for n in names]
 
     def kill(self, name: str) -> None:
         self._note("kill", name)
