@@ -49,7 +49,7 @@ import torch
 from spotlight import work
 from spotlight.actors.store.client import TensorStoreClient
 from spotlight.comm import messages as m
-from spotlight.errors import Preempted, ProtocolError
+from spotlight.errors import NotFound, Preempted, ProtocolError
 from spotlight.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -180,6 +180,10 @@ class WorkerCore:
             "worker": self.worker_id,
         }
         state = await self._resume(lease, meta)
+        if state is None and (lease.attempt > 1 or lease.resume_step is not None):
+            sealed = await self._sealed(lease, meta)
+            if sealed is not None:  # an earlier attempt finished and sealed it, then lost its lease
+                return sealed
         t0 = time.perf_counter()
         rollout = work.Rollout(self.model, job, self.recipe.sampler, self.shape, state)
         compute_s = time.perf_counter() - t0
@@ -224,6 +228,22 @@ class WorkerCore:
             resumed_from=rollout.resumed_from,
             compute_s=compute_s,
         )
+
+    async def _sealed(self, lease: m.LeaseGrant, meta: dict[str, Any]) -> m.RolloutResult | None:
+        """The trajectory an earlier attempt sealed (its worker died between the seal and the
+        queue's complete), when it is for these weights and seeds: nothing is computed again."""
+        try:
+            traj, got = await self.store.get(trajectory_key(lease.request_id))
+        except NotFound:
+            return None
+        if got.get("version") != meta["version"] or list(got.get("seeds", [])) != meta["seeds"]:
+            return None
+        log.info("%s attempt %d: sealed by attempt %s; returning it", lease.request_id, lease.attempt,
+                 got.get("attempt"))
+        steps = int(traj["log_probs"].shape[0])
+        return m.RolloutResult(key=trajectory_key(lease.request_id),
+                               nbytes=sum(x.nbytes for x in traj.values()),
+                               rewards=[float(r) for r in traj["rewards"]], resumed_from=steps)
 
     async def _resume(self, lease: m.LeaseGrant, meta: dict[str, Any]):
         """The state of the newest commit of this request, if it was made with these weights."""
