@@ -6,6 +6,9 @@ Both policies' transitions are Gaussians with the same std, so the KL is ‖μ_�
 The reference is the base weights: a frozen copy under full fine-tuning, the adapter switched off
 under LoRA.
 
+`objective = "awm"` (advantage-weighted matching) replaces the policy gradient by the
+flow-matching loss on each rollout's final image, weighted by its advantage (docs/LEARNING.md).
+
 Gradients of the whole rollout batch are accumulated into each optimizer step (the rollout is
 tiny next to Flow-GRPO's ~1k samples, so one noisy micro-batch per Adam step would turn noise into
 full-size steps). Micro-batches are exactly the rollout's groups, so the first inner step
@@ -47,10 +50,30 @@ class GRPOConfig:
     """Optimizer steps per iteration; the rollout batch is split evenly between them."""
     inner_epochs: int = 1
     max_grad_norm: float = 1.0
+    warmup_iterations: int = 0
+    """Linear lr warm-up over this many iterations (0 = none): Adam's first steps are ~lr·sign(g)
+    for every weight, a full-size step in a mostly random direction."""
     finetune: str = "full"
     """'full' or 'lora'."""
     lora_rank: int = 8
     lora_alpha: float = 8.0
+    objective: str = "grpo"
+    """'grpo': the clipped policy gradient on the rollout's stochastic steps (Flow-GRPO). 'awm':
+    advantage-weighted matching (AWM / DiffusionNFT): the flow-matching loss on each rollout's
+    final image, re-noised to `awm_times` fresh times, weighted by its advantage — a positive
+    sample's image is pulled in, a negative one's pushed away, at every noise level (the late ones
+    where shapes form included) and independent of the sampler that drew it, so what it learns is
+    what the deterministic sampler uses. β then weighs ‖v_θ − v_ref‖² on the same inputs."""
+    awm_times: int = 2
+    """Fresh noise levels per sample per iteration under objective 'awm'."""
+    awm_time_dist: str = "logit_normal"
+    """Times of the 'awm' loss: 'logit_normal' (pretraining's) or 'uniform'."""
+    awm_negative: float = 1.0
+    """Weight of negative advantages under 'awm' (0 = learn from the better half only)."""
+    awm_shared_noise: bool = True
+    """Under 'awm', every sample of a group is re-noised with the same (ε, t) draws: the
+    advantages sum to zero, so the part of the loss's gradient that comes from (ε, t) rather
+    than from the images cancels within the group (common random numbers)."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -61,11 +84,23 @@ class GRPOConfig:
             raise ConfigError(f"grpo.beta must be >= 0, got {self.beta}")
         if not 0 < self.timestep_fraction <= 1:
             raise ConfigError(f"grpo.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
+        if self.warmup_iterations < 0:
+            raise ConfigError(f"grpo.warmup_iterations must be >= 0, got {self.warmup_iterations}")
         for name in ("updates_per_iteration", "inner_epochs", "lora_rank"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"grpo.{name} must be >= 1, got {getattr(self, name)}")
         if self.finetune not in ("full", "lora"):
             raise ConfigError(f"grpo.finetune must be 'full' or 'lora', got {self.finetune!r}")
+        if self.objective not in ("grpo", "awm"):
+            raise ConfigError(f"grpo.objective must be 'grpo' or 'awm', got {self.objective!r}")
+        if self.awm_negative < 0:
+            raise ConfigError(f"grpo.awm_negative must be >= 0, got {self.awm_negative}")
+        if self.awm_times < 1:
+            raise ConfigError(f"grpo.awm_times must be >= 1, got {self.awm_times}")
+        if self.awm_time_dist not in ("logit_normal", "uniform"):
+            raise ConfigError(
+                f"grpo.awm_time_dist must be 'logit_normal' or 'uniform', got {self.awm_time_dist!r}"
+            )
 
 
 @dataclass(slots=True)
@@ -146,12 +181,19 @@ class GRPOTrainer:
             "update_norm": [],
         }
         chunks = [c for c in np.array_split(np.array(live, dtype=int), cfg.updates_per_iteration) if len(c)]
+        warm = min(1.0, (self.iteration + 1) / cfg.warmup_iterations) if cfg.warmup_iterations else 1.0
+        for group in self.opt.param_groups:
+            group["lr"] = cfg.lr * warm
         for _epoch in range(cfg.inner_epochs):
             for chunk in chunks:
                 self.opt.zero_grad(set_to_none=True)
-                scale = 1.0 / (len(chunk) * len(steps))
-                for gi in chunk:
-                    self._accumulate(groups[gi], advs[gi], steps, scale, stats)
+                if cfg.objective == "awm":
+                    for gi in chunk:
+                        self._accumulate_awm(groups[gi], advs[gi], gi, 1.0 / len(chunk), stats)
+                else:
+                    scale = 1.0 / (len(chunk) * len(steps))
+                    for gi in chunk:
+                        self._accumulate(groups[gi], advs[gi], steps, scale, stats)
                 norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
                 stats["grad_norm"].append(float(norm))
                 before = [p.detach().clone() for p in self.params]
@@ -190,3 +232,37 @@ class GRPOTrainer:
             stats["ratio_dev"].append((ratio.detach() - 1).abs().max().item())
             stats["clip_frac"].append(((ratio.detach() - 1).abs() > cfg.clip_range).float().mean().item())
             stats["kl"].append(float(kl.detach()))
+
+    def _accumulate_awm(self, g: Group, adv: torch.Tensor, index: int, scale: float, stats) -> None:
+        """Advantage-weighted matching on one group: Σ_i A_i·‖v_θ(x_t) − (ε − x_0,i)‖² over its final
+        images x_0,i re-noised to `awm_times` seeded (ε, t), + β·‖v_θ − v_ref‖² on the same x_t."""
+        cfg = self.cfg
+        x0 = g.latents[:, -1].clamp(-1, 1).repeat(cfg.awm_times, 1, 1, 1)
+        a = torch.where(adv > 0, adv, cfg.awm_negative * adv).repeat(cfg.awm_times)
+        gen = torch.Generator().manual_seed(
+            int((self.seed * 1_000_003 + self.iteration) * 1_009 + int(index))
+        )
+        n = cfg.awm_times if cfg.awm_shared_noise else x0.shape[0]  # independent (ε, t) draws
+        eps = torch.randn((n, *x0.shape[1:]), generator=gen).to(x0)
+        if cfg.awm_time_dist == "logit_normal":
+            t = torch.sigmoid(torch.randn(n, generator=gen)).to(x0)
+        else:
+            t = torch.rand(n, generator=gen).to(x0)
+        if cfg.awm_shared_noise:  # x0 is [x0_1..x0_G] repeated awm_times: draw j for the j-th copy
+            eps, t = eps.repeat_interleave(len(g.seeds), 0), t.repeat_interleave(len(g.seeds))
+        xt = (1 - t)[:, None, None, None] * x0 + t[:, None, None, None] * eps
+        text = self.model.encode([g.prompt] * x0.shape[0])
+        v = self.model.velocity(xt, t, text)
+        err = (v - (eps - x0)).pow(2).flatten(1).mean(1)
+        loss = (a * err).mean()
+        kl = torch.zeros(())
+        if cfg.beta > 0:
+            with torch.no_grad(), self._reference() as ref:
+                v_ref = ref.velocity(xt, t, ref.encode([g.prompt] * x0.shape[0]))
+            kl = (v - v_ref).pow(2).flatten(1).mean(1).mean()
+            loss = loss + cfg.beta * kl
+        (loss * scale).backward()
+        stats["loss"].append(loss.item())
+        stats["ratio_dev"].append(0.0)
+        stats["clip_frac"].append(0.0)
+        stats["kl"].append(float(kl.detach()))
