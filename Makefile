@@ -5,7 +5,7 @@ setup:
 	bash scripts/setup.sh
 
 demo: setup
-	.venv/bin/spotlight run tiny
+	.venv/bin/spotlight run demo
 
 # Lint first (ruff: pyproject [tool.ruff]), then the tests: asyncio debug mode and warnings as errors
 # (pyproject [tool.pytest.ini_options]).
