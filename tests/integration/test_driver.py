@@ -5,7 +5,6 @@ version is published while it waits. The in-process executor is the reference.""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from tiny_recipe import TINY_MODEL
@@ -59,7 +58,7 @@ def test_batches_in_flight_at_once_each_at_its_version(tmp_path, monkeypatch):
 
     ref0, ref1 = LocalExecutor(v0, recipe, 0), LocalExecutor(v1, recipe, 1)
     for got, want in zip(scores, ref0.explore("ref", explore_jobs).result(), strict=True):
-        assert got.dtype == np.float32 and np.array_equal(got, want)  # the stale version's bits
+        assert got.rewards == want.rewards and got.model_calls == want.model_calls  # the stale version's bits
     (got,), (want,) = groups, ref1.rollout("ref", rollout_jobs).result()
     assert (got.prompt, got.seeds) == (want.prompt, want.seeds)
     for name in ("latents", "log_probs", "rewards"):
@@ -75,4 +74,4 @@ def test_local_executor_holds_one_version(tiny_cfg):
     with pytest.raises(ValueError, match="version 3"):  # the handle carries the error, as a remote one would
         stale.result()
     fresh = executor.explore("b", [m.ExploreWork(prompt="a red circle", seeds=[1, 2], version=4)])
-    assert fresh.done() and fresh.result()[0].shape == (2,)
+    assert fresh.done() and len(fresh.result()[0].rewards) == 2
