@@ -138,15 +138,14 @@ class LocalExecutor:
 
 @dataclass(slots=True)
 class Exploration:
-    """One iteration's exploration in flight: its candidates, its jobs (``owners[j]`` = the prompt
-    index job j scores a chunk of), and the handle of their results."""
+    """One iteration's exploration in flight: its jobs (``owners[j]`` = the prompt index whose
+    candidates job j scores a chunk of), and the handle of their results."""
 
     iteration: int
     version: int
     arm: Arm
     plan: dict
     prompts: list[str]
-    candidates: list[list[int]]
     owners: list[int]
     jobs: list[m.ExploreWork]
     batch: str
@@ -257,7 +256,7 @@ class Loop:
                     )
                 )
         batch = f"it{it}/explore"
-        return Exploration(it, version, arm, plan, prompts, cands, owners, jobs, batch,
+        return Exploration(it, version, arm, plan, prompts, owners, jobs, batch,
                            self.executor.explore(batch, jobs))
 
     def settle(self, exp: Exploration, deadline: bool) -> list[m.ExploreResult | None]:
