@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (cosine decay to 5%%)")
     pre.add_argument("--ema-decay", type=float, default=0.999, help="EMA of the weights that is saved")
+    pre.add_argument("--batch-size", type=int, default=64)
+    pre.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
+    pre.add_argument("--workers", type=int, default=0, help="rendering processes (default 0: in this one)")
     pre.add_argument("--out", type=Path, default=Path("runs/pretrain/base.safetensors"))
     pre.add_argument("overrides", nargs="*", help="model.field=value, e.g. model.layers=2")
     pre.set_defaults(func=_pretrain)
@@ -182,6 +185,9 @@ def _pretrain(args) -> int:
             seed=args.seed,
             lr=args.lr,
             ema_decay=args.ema_decay,
+            batch_size=args.batch_size,
+            device=args.device,
+            workers=args.workers,
         ),
         args.out,
     )

@@ -122,7 +122,8 @@ class Evaluator:
 
     def fm_loss(self) -> float:
         """Flow-matching loss on the fixed probe batch (renders of the evaluation prompts)."""
-        x0, eps, t = self.fm_x0, self.fm_eps, self.fm_t
+        device = next(self.model.parameters()).device
+        x0, eps, t = (v.to(device) for v in (self.fm_x0, self.fm_eps, self.fm_t))
         xt = (1 - t)[:, None, None, None] * x0 + t[:, None, None, None] * eps
         v = self.model.velocity(xt, t, self.model.encode(self.fm_prompts))
         return float((v - (eps - x0)).pow(2).mean())

@@ -42,6 +42,7 @@ from spotlight.data.prompts import prompt_set
 from spotlight.data.scenes import VOCABULARY
 from spotlight.evaluation import Evaluator
 from spotlight.models.dit import DiffusionModel, build_model
+from spotlight.parallel.device import resolve_device
 from spotlight.policy.consistency import spearman
 from spotlight.policy.grpo import Group, GRPOTrainer
 from spotlight.policy.planner import Arm, Planner
@@ -174,7 +175,8 @@ class Loop:
         torch.manual_seed(r.seed)
         self.prompts = prompt_set(r.prompts)
         self.reward = work.recipe_reward(recipe)
-        self.model = build_model(recipe.model, VOCABULARY)
+        self.device = resolve_device(r.device)
+        self.model = build_model(recipe.model, VOCABULARY).to(self.device)
         self.trainer = GRPOTrainer(self.model, recipe.grpo, recipe.sampler, seed=r.seed)
         self.out = Path(r.out_dir) / r.name
         self.metrics = MetricsLog(self.out / "metrics.jsonl")
@@ -432,6 +434,9 @@ class Loop:
 
         r = self.recipe.run
         start = time.monotonic()
+        if self.progress:
+            where = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "CPU"
+            print(f"{r.name}: computing on {self.device} ({where}; run.device = {r.device!r})")
         if self.start_iteration == 0:
             self.emit(self.evaluate(0), start)
         it = self.start_iteration
@@ -484,4 +489,5 @@ class Loop:
             "iterations": evals[-1]["iteration"],
             "wall_s": records[-1]["wall_s"],
             "explore_wait_share": wait_share,
+            "device": str(self.device),
         }

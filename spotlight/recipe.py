@@ -54,6 +54,9 @@ class RunConfig:
     checkpoint_every: int = 10
     mode: str = "in-process"
     """'in-process' (the reference loop) or 'runtime' (actors in local processes; ``[runtime]``)."""
+    device: str = "auto"
+    """Where the model, sampler, trainer and workers compute: 'auto' (CUDA when a device works,
+    probed by using it; else the CPU), 'cpu', or 'cuda' (an error when none works)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -73,6 +76,8 @@ class RunConfig:
             raise ConfigError(f"run.minutes must be > 0, got {self.minutes}")
         if self.mode not in ("in-process", "runtime"):
             raise ConfigError(f"run.mode must be 'in-process' or 'runtime', got {self.mode!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"run.device must be one of auto, cpu, cuda, got {self.device!r}")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -98,7 +98,8 @@ class Rollout:
         self.model, self.job, self.sampler = model, job, sampler
         self.seeds = list(job.seeds)
         self.prompts = [job.prompt] * len(self.seeds)
-        self.state = state or start(self.seeds, shape, init_seed=job.init_seed)
+        device = next(model.parameters()).device
+        self.state = state or start(self.seeds, shape, device, init_seed=job.init_seed)
         self.resumed_from = self.state.step
         with torch.no_grad():
             self.text = model.encode(self.prompts)
@@ -127,8 +128,9 @@ def rollout(model, job: RolloutWork, sampler: SamplerConfig, reward, shape) -> G
 
 
 def trajectory(state: RolloutState) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step-major latents [K+1, G, C, H, W] and log-probs [K, G] of a rollout so far."""
-    return torch.stack(state.latents), torch.stack(state.log_probs)
+    """Step-major latents [K+1, G, C, H, W] and log-probs [K, G] of a rollout so far, in host
+    memory (what the store and the trainer's groups hold; no copy on the CPU)."""
+    return torch.stack(state.latents).cpu(), torch.stack(state.log_probs).cpu()
 
 
 def group(job: RolloutWork, latents, log_probs, rewards) -> Group:

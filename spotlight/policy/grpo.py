@@ -150,6 +150,10 @@ class GRPOTrainer:
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
         self.iteration = 0
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     @contextlib.contextmanager
     def _reference(self):
         """The model to compute π_ref with: the frozen base copy, or the model with LoRA off."""
@@ -210,10 +214,12 @@ class GRPOTrainer:
         return out
 
     def _accumulate(self, g: Group, adv: torch.Tensor, steps: list[int], scale: float, stats) -> None:
-        cfg = self.cfg
+        cfg, device = self.cfg, self.device
         text = self.model.encode([g.prompt] * len(g.seeds))
-        for k in steps:
-            x, x_next, old = g.latents[:, k], g.latents[:, k + 1], g.log_probs[:, k]
+        adv = adv.to(device)
+        for k in steps:  # groups live in host memory; one step's tensors go to the model's device
+            x, x_next = g.latents[:, k].to(device), g.latents[:, k + 1].to(device)
+            old = g.log_probs[:, k].to(device)
             lp, mean, std = step_log_prob(self.model, x, x_next, k, text, self.sampler)
             ratio = torch.exp(lp - old)
             unclipped = -adv * ratio
@@ -237,7 +243,8 @@ class GRPOTrainer:
         """Advantage-weighted matching on one group: Σ_i A_i·‖v_θ(x_t) − (ε − x_0,i)‖² over its final
         images x_0,i re-noised to `awm_times` seeded (ε, t), + β·‖v_θ − v_ref‖² on the same x_t."""
         cfg = self.cfg
-        x0 = g.latents[:, -1].clamp(-1, 1).repeat(cfg.awm_times, 1, 1, 1)
+        x0 = g.latents[:, -1].to(self.device).clamp(-1, 1).repeat(cfg.awm_times, 1, 1, 1)
+        adv = adv.to(self.device)
         a = torch.where(adv > 0, adv, cfg.awm_negative * adv).repeat(cfg.awm_times)
         gen = torch.Generator().manual_seed(
             int((self.seed * 1_000_003 + self.iteration) * 1_009 + int(index))

@@ -46,8 +46,9 @@ log = logging.getLogger(__name__)
 
 
 def _numpy(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
-    """numpy arrays as they are, torch CPU tensors as zero-copy numpy views."""
-    return {k: v if isinstance(v, np.ndarray) else v.detach().numpy() for k, v in tensors.items()}
+    """numpy arrays as they are, torch CPU tensors as zero-copy numpy views (a GPU tensor is copied
+    to the host: the wire and the store hold host memory)."""
+    return {k: v if isinstance(v, np.ndarray) else v.detach().cpu().numpy() for k, v in tensors.items()}
 
 
 @dataclass(slots=True)

@@ -50,6 +50,7 @@ from spotlight import work
 from spotlight.actors.store.client import TensorStoreClient
 from spotlight.comm import messages as m
 from spotlight.errors import NotFound, Preempted, ProtocolError
+from spotlight.parallel.device import resolve_device
 from spotlight.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -81,11 +82,20 @@ class WorkerCore:
         self.step_commits = recipe.runtime.step_commits
         path = os.environ.get(STEP_LOG_ENV)
         self._step_log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
-        self.model = model if model is not None else work.policy_model(recipe)
+        if model is None:
+            model = work.policy_model(recipe).to(resolve_device(recipe.run.device))
+        self.model = model
+        self.device = next(model.parameters()).device
         self.reward = work.recipe_reward(recipe)
         self.shape = work.image_shape(recipe)
-        # numpy views on the parameters: get_weights(out=...) fills the model without a copy.
-        self._params = {k: v.detach().numpy() for k, v in self.model.state_dict().items()}
+        # On the CPU, numpy views on the parameters: get_weights(out=...) fills the model without a
+        # copy. On a GPU, host buffers the store fills, copied to the device after each load.
+        state = self.model.state_dict()
+        self._params = (
+            {k: v.detach().numpy() for k, v in state.items()}
+            if self.device.type == "cpu"
+            else {k: v.detach().cpu().numpy() for k, v in state.items()}
+        )
         self.version: int | None = None
         self._kept: dict[int, dict[str, np.ndarray]] = {}  # version -> a copy of its weights
         self.weights_fetches = 0
@@ -118,6 +128,10 @@ class WorkerCore:
         else:
             await self.store.get_weights(version, out=self._params)
             self.weights_fetches += 1
+        if self.device.type != "cpu":
+            with torch.no_grad():
+                for k, v in self.model.state_dict().items():
+                    v.copy_(torch.from_numpy(self._params[k]), non_blocking=False)
         self.version = version
         for old in sorted(self._kept)[: max(0, len(self._kept) - keep)]:  # the newest `keep` stay
             del self._kept[old]
@@ -206,8 +220,9 @@ class WorkerCore:
             if base is None:
                 latents, log_probs = work.trajectory(state)
                 rows = {"latents": latents, "log_probs": log_probs}
-            else:
-                rows = {"latents": state.latents[-1][None], "log_probs": state.log_probs[-1][None]}
+            else:  # host memory (no copy on the CPU)
+                rows = {"latents": state.latents[-1][None].cpu(),
+                        "log_probs": state.log_probs[-1][None].cpu()}
             self.store.commit_nowait(rid, state.step, rows, meta, attempt=lease.attempt, base=base)
             self.committed_step = base = state.step
             await asyncio.sleep(self.step_delay_s)  # yield: the flusher sends, stop/status run
@@ -264,8 +279,8 @@ class WorkerCore:
                 meta["version"],
             )
             return None
-        lat = torch.from_numpy(np.array(tensors["latents"]))  # own, writable copies
-        lps = torch.from_numpy(np.array(tensors["log_probs"]))
+        lat = torch.from_numpy(np.array(tensors["latents"])).to(self.device)  # own, writable copies
+        lps = torch.from_numpy(np.array(tensors["log_probs"])).to(self.device)
         self.committed_step = step
         log.info("%s attempt %d resumes from step %d", lease.request_id, lease.attempt, step)
         return RolloutState(x=lat[-1], step=step, latents=list(lat.unbind(0)), log_probs=list(lps.unbind(0)))
