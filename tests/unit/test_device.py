@@ -88,3 +88,45 @@ def test_sp_over_nccl_matches_single_process():
     r = check(degree, device="cuda", timeout_s=280)
     assert r["velocity"] <= 1e-4 * max(1.0, r["scale"]["velocity"])
     assert r["log_prob"] <= 1e-4 * max(1.0, r["scale"]["log_prob"])
+
+
+def test_run_device_is_checked_where_the_recipe_is_read():
+    from spotlight.recipe import load_recipe
+
+    with pytest.raises(ConfigError, match="run.device must be one of auto, cpu, cuda, got 'gpu'"):
+        load_recipe("tiny", ['run.device="gpu"'])
+    if NO_CUDA:  # asked for and absent: the Loop refuses before it builds anything
+        from spotlight.loop import Loop
+
+        with pytest.raises(ConfigError, match="run.device = 'cuda' but CUDA is not usable here"):
+            Loop(load_recipe("tiny", ['run.device="cuda"', "model.checkpoint=none"]), progress=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(NO_CUDA is not None, reason=f"no CUDA: {NO_CUDA}")
+def test_a_rollout_and_a_trainer_update_on_the_gpu_follow_the_cpu(tmp_path):
+    """run.device = cuda: the same seeds give the same trajectory as on the CPU up to float
+    rounding (counter-based noise is drawn on the host), and one GRPO update moves the weights alike."""
+    from tiny_recipe import TINY_MODEL
+
+    from spotlight import work
+    from spotlight.comm.messages import RolloutWork
+    from spotlight.loop import Loop
+    from spotlight.recipe import load_recipe
+
+    out = {}
+    for device in ("cpu", "cuda"):
+        recipe = load_recipe("tiny", [*TINY_MODEL, f'run.device="{device}"', f'run.out_dir="{tmp_path}"'])
+        loop = Loop(recipe, progress=False)
+        assert next(loop.model.parameters()).device.type == device
+        job = RolloutWork(prompt="two red circles", seeds=list(range(8)), version=0, init_seed=None)
+        g = work.rollout(loop.model, job, recipe.sampler, loop.reward, loop.shape)
+        assert g.latents.device.type == "cpu"  # groups live in host memory
+        g.rewards = torch.linspace(0, 1, 8)  # a spread, so the update has something to follow
+        stats = loop.trainer.update([g])
+        out[device] = (g.latents, torch.cat([p.detach().cpu().flatten() for p in loop.trainer.params]), stats)
+    assert (out["cpu"][0] - out["cuda"][0]).abs().max() < 1e-3
+    moved_cpu = out["cpu"][2]["update_norm"]
+    assert moved_cpu > 0 and abs(out["cuda"][2]["update_norm"] - moved_cpu) < 0.05 * moved_cpu
+    assert (out["cpu"][1] - out["cuda"][1]).abs().max() < 1e-3
