@@ -92,6 +92,16 @@ class Recipe:
     spot: SpotConfig = field(default_factory=SpotConfig)
 
     def __post_init__(self) -> None:
+        if self.runtime.sp_degree > 1:  # groups split the heads and the image tokens
+            from spotlight.parallel.ulysses import check_degree
+
+            mc = self.model
+            check_degree(self.runtime.sp_degree, mc.heads, (mc.image_size // mc.patch) ** 2)
+            if mc.dit_class != "QwenImageTransformer2DModel":
+                raise ConfigError("runtime.sp_degree > 1 supports model.dit_class "
+                                  f"QwenImageTransformer2DModel, not {mc.dit_class}")
+            if self.spot.trace is not None:
+                self.runtime.check_node_workers(self.spot.workers_per_node, "spot.workers_per_node")
         e = self.explore
         if e.enabled:
             if self.run.group_size % 2:

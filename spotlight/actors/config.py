@@ -89,6 +89,14 @@ class RuntimeConfig:
     stop_grace_s: float = 10.0
     """Shutdown: how long agents, services and the controller's loop get between the stop
     request (SIGTERM) and SIGKILL."""
+    sp_degree: int = 1
+    """Sequence-parallel degree: a node agent runs each request on a group of this many of its
+    workers (Ulysses attention over a per-group communicator, ``spotlight.actors.node.sp``); 1 is
+    one worker per request. Must divide model.heads and the image tokens, and be at most the
+    workers of every node."""
+    sp_timeout_s: float = 5.0
+    """Timeout of one collective inside an SP group: a member stuck on a hung (alive) peer gives up
+    after this long, and is killed if it is still stuck ``sp_release_s`` after its group broke."""
 
     def __post_init__(self) -> None:
         if self.transport not in ("ipc", "tcp"):
@@ -115,6 +123,16 @@ class RuntimeConfig:
         if not self.heartbeat_s < self.lease_s:
             raise ConfigError(f"runtime.heartbeat_s must be < runtime.lease_s ({self.lease_s}), "
                               f"got {self.heartbeat_s}")
+        if self.sp_degree < 1:
+            raise ConfigError(f"runtime.sp_degree must be >= 1, got {self.sp_degree}")
+        for name in ("reserved_workers", "spot_workers"):  # 0: no such node
+            self.check_node_workers(getattr(self, name), f"runtime.{name}")
+
+    def check_node_workers(self, workers: int, what: str) -> None:
+        """A node with ``workers`` workers (0: none runs) can form groups of ``sp_degree``."""
+        if 0 < workers < self.sp_degree:
+            raise ConfigError(f"runtime.sp_degree ({self.sp_degree}) is more than the workers a node "
+                              f"has ({what} = {workers})")
 
     # --- derived values ------------------------------------------------------------------------
     @property
@@ -126,6 +144,18 @@ class RuntimeConfig:
     def worker_kill_s(self) -> float:
         """Leaving: a worker's time from SIGTERM to SIGKILL (20% of leave_s)."""
         return 0.2 * self.leave_s
+
+    @property
+    def sp_release_s(self) -> float:
+        """SP groups: how long a member of a broken group may take to come out of its collective
+        before the agent kills it (two collective timeouts)."""
+        return 2 * self.sp_timeout_s
+
+    @property
+    def sp_stall_s(self) -> float:
+        """SP groups: a group whose first rank commits no step for this long is broken (a hung
+        member the collectives' timeout did not catch): the request timeout, at most a lease."""
+        return min(self.request_timeout_s, self.lease_s)
 
     @property
     def deregister_s(self) -> float:

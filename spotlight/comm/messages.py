@@ -622,9 +622,11 @@ class NodeBeat(Message):
 @dataclass(kw_only=True, slots=True)
 class WorkerRun(Message):
     """Run one leased request to the end; replied with WorkerResult, or ErrorReply("Preempted")
-    when a WorkerStop interrupted it at a step boundary (its commits flushed)."""
+    when a WorkerStop interrupted it at a step boundary (its commits flushed). ``group``: run it
+    as one rank of a sequence-parallel group (None: alone)."""
 
     lease: LeaseGrant
+    group: SpGroup | None = None
 
 
 @register("w.result")
@@ -659,6 +661,31 @@ class WorkerProgress(Message):
 class WorkerStop(Message):
     """Spot notice: finish the current step, flush commits, stop. Replied with WorkerProgress
     once the running request (if any) has stopped and its commits reached the store."""
+
+
+@register("w.sp")
+@dataclass(kw_only=True, slots=True)
+class SpGroup(Message):
+    """A worker's place in a sequence-parallel group: rank ``rank`` of ``size`` in membership
+    ``epoch``, whose communicator meets at the node agent's rendezvous store on ``port``
+    (127.0.0.1); ``members`` the group's worker ids in rank order (recorded with rank 0's
+    commits). Rank 0 commits every step, seals the trajectory and scores it; the others only
+    compute their share of each step."""
+
+    epoch: int
+    rank: int
+    size: int
+    port: int
+    members: list[str]
+
+
+@register("w.leave")
+@dataclass(kw_only=True, slots=True)
+class WorkerLeave(Message):
+    """The SP group of ``epoch`` is broken: stop its request at the next step boundary (its
+    WorkerRun is then answered ErrorReply("Preempted")). Replied with Ok at once."""
+
+    epoch: int
 
 
 # --- node agent <-> the members of its SP groups (spotlight.actors.node.group_shell / member) --------

@@ -103,3 +103,24 @@ def test_degree_one_and_bad_config():
         GroupScheduler(0)
     with pytest.raises(ValueError, match="twice"):
         s.join("a")
+
+
+def test_cancel_drops_a_pending_request_and_breaks_a_running_group_without_requeue():
+    s, _ = make(2)
+    s.submit("r1"), s.submit("r2")
+    s.join("a"), s.join("b")
+    assert s.cancel("r2") == [] and s.status()["pending"] == []  # pending: forgotten
+    assert s.cancel("r1") == [Leave("a", 1), Leave("b", 1)]  # running: broken, not put back
+    assert s.status()["pending"] == [] and s.groups == {} and s.idle() == 0
+    assert s.released("a", 1) == [] and s.idle() == 1
+    assert s.cancel("r1") == []  # unknown now: nothing
+
+
+def test_a_member_finishing_as_its_group_breaks_is_free_again():
+    s, _ = make(2)
+    s.submit("r1")
+    s.join("a"), s.join("b")
+    s.died("c")  # unknown member: nothing
+    assert s.cancel("r1") == [Leave("a", 1), Leave("b", 1)]
+    assert s.done("b", 1) == [] and s.status()["members"]["b"] == ("idle", None)
+    assert s.status()["members"]["a"] == ("releasing", 1)

@@ -4,7 +4,9 @@
   the lease length and the recipe, so a spot node needs only ``--controller``), starts one worker
   process per device (``python -m spotlight.actors.worker``, over ipc), and runs the node's pull
   loop: one long-poll pull per idle worker, the lease handed to that worker, heartbeats (with the
-  worker's committed step) forwarded while it runs, the result completed on the queue.
+  worker's committed step) forwarded while it runs, the result completed on the queue. With
+  ``runtime.sp_degree`` = d > 1 the unit is a group of d workers instead of one worker
+  (``spotlight.actors.node.sp``: the same queue, leases, commits and notices).
   A worker whose process exits mid-request has its lease released at once, so the request
   resumes elsewhere from its last commit, and the worker is restarted.
 - A spot notice (SIGTERM, or a polled metadata URL in the AWS ``spot/instance-action`` or GCP
@@ -182,6 +184,7 @@ class NodeAgent:
         """Serve one run epoch of the reserved side: its queue, its store, fresh workers."""
         c = self.config
         self.runtime = RuntimeConfig(**{**reg.recipe.get("runtime", {}), **c.runtime})
+        self.runtime.check_node_workers(c.workers, f"node {c.node_id}'s workers")
         # Workers run by the same knobs (their leave share, their store timeout).
         self.store, self._epoch = reg.store, reg.epoch
         self.recipe = {**reg.recipe, "runtime": dataclasses.asdict(self.runtime)}
@@ -245,8 +248,15 @@ class NodeAgent:
 
     async def _serve(self, notice: asyncio.Event) -> None:
         c = self.config
+        groups = None
         async with asyncio.TaskGroup() as tg:
-            slots = [tg.create_task(self._slot(h), name=f"slot {h.worker_id}") for h in self.workers]
+            if self.runtime.sp_degree > 1:  # the unit of work is a group of workers
+                from spotlight.actors.node.sp import GroupServer
+
+                groups = GroupServer(self)
+                slots = [tg.create_task(groups.serve(), name="sp groups")]
+            else:
+                slots = [tg.create_task(self._slot(h), name=f"slot {h.worker_id}") for h in self.workers]
             watch = tg.create_task(self._watch_metadata(notice)) if c.metadata_url else None
             ends = [tg.create_task(notice.wait()), tg.create_task(self._session_end.wait())]
             await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
@@ -260,7 +270,7 @@ class NodeAgent:
             else:
                 log.warning("node %s leaving (spot notice or shutdown signal)", c.node_id)
                 self._notice_at = asyncio.get_running_loop().time()
-                await self._leave()
+                await (self._leave() if groups is None else groups.leave())
             # Slots finish their pull (<= pull_wait_s) and release what it brought.
             _, pending = await asyncio.wait(slots, timeout=self.runtime.pull_return_s)
             for t in pending:
@@ -278,7 +288,7 @@ class NodeAgent:
                 log.warning("%s did not stop cleanly: %s", h.worker_id, e)
             lease = self.busy.get(h.worker_id)
             if lease is not None:
-                await self._release(h, lease)
+                await self._release(h.worker_id, lease)
 
         async with asyncio.TaskGroup() as tg:
             for h in self.workers:
@@ -322,7 +332,7 @@ class NodeAgent:
                 if lease is None:
                     continue
                 if self.leaving.is_set():
-                    await self._release(h, lease)
+                    await self._release(h.worker_id, lease)
                     return
                 await self._run_lease(h, lease, completes)
 
@@ -375,10 +385,10 @@ class NodeAgent:
             except ActorTimeout as e:
                 log.warning("node heartbeat: %s", e)
 
-    async def _complete(self, h: WorkerHandle, lease: m.LeaseGrant, result: m.WorkResult) -> None:
+    async def _complete(self, worker_id: str, lease: m.LeaseGrant, result: m.WorkResult) -> None:
         assert self.queue is not None
         try:
-            await self.queue.complete(lease.request_id, lease.attempt, h.worker_id, result)
+            await self.queue.complete(lease.request_id, lease.attempt, worker_id, result)
             self.stats["completed"] += 1
         except GONE as e:  # fenced: another attempt owns it now, or it is long done
             self.stats["stale"] += 1
@@ -400,14 +410,14 @@ class NodeAgent:
                 if not run.done():  # the worker process exited mid-request
                     run.cancel()
                     log.warning("%s died running %s; releasing its lease", h.worker_id, lease.request_id)
-                    await self._release(h, lease)
+                    await self._release(h.worker_id, lease)
                     return
                 died.cancel()
             outcome, value = run.result()
             if outcome == "ok":
-                completes.create_task(self._complete(h, lease, value.result))
+                completes.create_task(self._complete(h.worker_id, lease, value.result))
             elif outcome == "preempted":
-                await self._release(h, lease)
+                await self._release(h.worker_id, lease)
             else:
                 self.stats["failed"] += 1
                 log.warning("%s failed %s: %s", h.worker_id, lease.request_id, value)
@@ -453,14 +463,14 @@ class NodeAgent:
                 log.warning("heartbeat for %s: %s", lease.request_id, e)
                 await self._queue_silent(e)  # a busy node learns of a gone queue here, not by pulls
 
-    async def _release(self, h: WorkerHandle, lease: m.LeaseGrant) -> None:
+    async def _release(self, worker_id: str, lease: m.LeaseGrant) -> None:
         key = (lease.request_id, lease.attempt)
         if key in self._released:
             return
         self._released.add(key)
         assert self.queue is not None
         try:
-            await self.queue.release(lease.request_id, lease.attempt, h.worker_id)
+            await self.queue.release(lease.request_id, lease.attempt, worker_id)
             self.stats["released"] += 1
         except (*GONE, ActorTimeout) as e:  # expired meanwhile: the queue re-queued it
             log.info("release of %s: %s", lease.request_id, e)

@@ -19,6 +19,7 @@ This module knows members, epochs, requests and commits; nothing of processes, s
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -149,8 +150,11 @@ class GroupScheduler:
         """A member of `epoch` finished its part; rank 0's done means the request's final commit is
         written. Another rank is free at once (its compute is over, whatever rank 0 does next)."""
         g = self.groups.get(epoch)
-        if g is None:
-            return []
+        if g is None:  # the group broke as this member finished: it is free all the same
+            m = self.members.get(member)
+            if m is not None and m.epoch == epoch:
+                m.state, m.epoch = "idle", None
+            return self._schedule()
         if g.members[0] != member:
             m = self.members.get(member)
             if m is not None and m.epoch == epoch:
@@ -173,6 +177,22 @@ class GroupScheduler:
         cmds = self._break(epoch, now=self.clock()) if epoch in self.groups else []
         return cmds + self._schedule()
 
+    def cancel(self, request_id: str) -> list[Command]:
+        """Drop a request (its lease went to another attempt, or the node leaves): a pending one
+        is forgotten, a running group is broken without putting the request back."""
+        if request_id not in self.requests:
+            return []
+        del self.requests[request_id]
+        with contextlib.suppress(ValueError):
+            self.pending.remove(request_id)
+        epoch = next((e for e, g in self.groups.items() if g.request_id == request_id), None)
+        cmds = self._break(epoch, now=self.clock(), requeue=False)
+        return cmds + self._schedule()
+
+    def idle(self) -> int:
+        """Members free to form a group now."""
+        return sum(m.state == "idle" for m in self.members.values())
+
     def tick(self) -> list[Command]:
         """Stalled groups break; members stuck past `release_s` are killed."""
         now, cmds = self.clock(), []
@@ -186,11 +206,12 @@ class GroupScheduler:
         return cmds + self._schedule()
 
     # --- internals -------------------------------------------------------------------------------------
-    def _break(self, epoch: int | None, now: float) -> list[Command]:
+    def _break(self, epoch: int | None, now: float, requeue: bool = True) -> list[Command]:
         g = self.groups.pop(epoch, None) if epoch is not None else None
         if g is None:
             return []
-        self.pending.appendleft(g.request_id)  # resumes first, from its last commit
+        if requeue:
+            self.pending.appendleft(g.request_id)  # resumes first, from its last commit
         cmds: list[Command] = []
         for mid in g.members:
             m = self.members.get(mid)

@@ -16,6 +16,14 @@ the sample and seals the final commit as the trajectory under ``traj/<request_id
 (``RolloutResult``) names that key. An exploration job is ``work.explore``; its rewards travel in
 the ``ExploreResult``.
 
+In a sequence-parallel group (``WorkerRun.group``, ``runtime.sp_degree`` > 1) the same
+``_rollout`` runs on every rank with the DiT parallelized over the group's communicator
+(``spotlight.actors.worker.sp``): every rank resumes from the store's newest commit, computes its
+share of each step, and only rank 0 commits, logs the step, scores and seals — the commit protocol
+is the single worker's, so a request a group started may resume on a single worker or another
+group (bit-identical where the SP forward is; ``docs/BENCHMARKS.md``, issue 10). Exploration jobs
+run alone (the first-block cache decides from rank-local activations, which would split a group).
+
 Without step commits (``runtime.step_commits = false``, the naive_spot baseline) only the last
 step is committed (and sealed), so a preempted request starts over from step 0 elsewhere.
 
@@ -38,6 +46,7 @@ and the store; it knows nothing of queues or leases beyond the LeaseGrant it is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -48,6 +57,7 @@ import torch
 
 from spotlight import work
 from spotlight.actors.store.client import TensorStoreClient
+from spotlight.actors.worker.sp import SpRank
 from spotlight.comm import messages as m
 from spotlight.errors import NotFound, Preempted, ProtocolError
 from spotlight.parallel.device import resolve_device
@@ -104,6 +114,7 @@ class WorkerCore:
         self.attempt = 0
         self.committed_step: int | None = None
         self._stop = False
+        self.sp = SpRank(self.model, recipe.runtime.sp_timeout_s)
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -112,6 +123,7 @@ class WorkerCore:
         if self._step_log is not None:
             os.close(self._step_log)
             self._step_log = None
+        self.sp.close()
 
     # --- weights -------------------------------------------------------------------------------
     async def load_weights(self, version: int) -> None:
@@ -154,7 +166,8 @@ class WorkerCore:
             await self.store.flush()
         return self.progress()
 
-    async def run(self, lease: m.LeaseGrant) -> m.WorkResult:
+    async def run(self, lease: m.LeaseGrant, group: m.SpGroup | None = None) -> m.WorkResult:
+        """Run ``lease`` alone, or as one rank of the SP ``group`` (rollouts only)."""
         if self._stop:
             raise Preempted("worker is stopping")
         if not self._idle.is_set():
@@ -166,8 +179,11 @@ class WorkerCore:
             await self.load_weights(lease.work.version)
             if isinstance(lease.work, m.ExploreWork):
                 result = await self._explore(lease.work)
-            else:
+            elif group is None or group.size == 1:
                 result = await self._rollout(lease, lease.work)
+            else:
+                async with self.sp.joined(group):
+                    result = await self._rollout(lease, lease.work, group)
             # Time inside the worker, and the part of it spent computing (model, sampler, reward):
             # the rest, and everything outside the worker, is the runtime's overhead.
             result.worker_s = time.perf_counter() - t0
@@ -185,14 +201,18 @@ class WorkerCore:
             compute_s=time.perf_counter() - t0,
         )
 
-    async def _rollout(self, lease: m.LeaseGrant, job: m.RolloutWork) -> m.RolloutResult:
+    async def _rollout(self, lease: m.LeaseGrant, job: m.RolloutWork,
+                       group: m.SpGroup | None = None) -> m.RolloutResult:
         rid = lease.request_id
+        first = group is None or group.rank == 0  # commits, logs, scores and seals
         meta = {
             "version": self.version,
             "seeds": list(job.seeds),
             "prompt": job.prompt,
             "worker": self.worker_id,
         }
+        if group is not None:
+            meta["group"] = list(group.members)
         state = await self._resume(lease, meta)
         if state is None and (lease.attempt > 1 or lease.resume_step is not None):
             sealed = await self._sealed(lease, meta)
@@ -203,13 +223,15 @@ class WorkerCore:
         compute_s = time.perf_counter() - t0
         base = None  # this attempt's first commit is the whole state; later ones append a step
         while not rollout.done:
-            if self._stop:
+            if self._stop or self.sp.left(group):
                 await self.store.flush()
                 kept = "committed" if self.step_commits else "not committed: it starts over"
                 raise Preempted(f"{rid}: stopped after step {rollout.state.step} ({kept})")
             t0 = time.perf_counter()
-            state = rollout.step()
+            state = rollout.step() if group is None else await self._sp_step(rollout)
             compute_s += time.perf_counter() - t0
+            if not first:
+                continue
             if self._step_log is not None:
                 os.write(self._step_log, f"{rid} {lease.attempt} {state.step}\n".encode())
             if not self.step_commits and not rollout.done:
@@ -227,6 +249,9 @@ class WorkerCore:
             self.committed_step = base = state.step
             await asyncio.sleep(self.step_delay_s)  # yield: the flusher sends, stop/status run
 
+        if not first:  # the first rank scores and seals; its result is the group's
+            return m.RolloutResult(key=trajectory_key(rid), nbytes=0, rewards=[],
+                                   resumed_from=rollout.resumed_from, compute_s=compute_s)
         t0 = time.perf_counter()
         rewards = rollout.rewards(self.reward)
         compute_s += time.perf_counter() - t0
@@ -243,6 +268,17 @@ class WorkerCore:
             resumed_from=rollout.resumed_from,
             compute_s=compute_s,
         )
+
+    async def _sp_step(self, rollout: work.Rollout):
+        """One step of an SP group, off the loop's thread (it may wait on a peer). A failed
+        collective raises; the first rank's commits so far are flushed before it does, so the
+        group that resumes the request finds them."""
+        try:
+            return await self.sp.compute(rollout.step)
+        except Exception:
+            with contextlib.suppress(Exception):
+                await self.store.flush()
+            raise
 
     async def _sealed(self, lease: m.LeaseGrant, meta: dict[str, Any]) -> m.RolloutResult | None:
         """The trajectory an earlier attempt sealed (its worker died between the seal and the

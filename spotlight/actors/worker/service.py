@@ -1,5 +1,6 @@
 """The GPU worker's process shell (``python -m spotlight.actors.worker``): an ipc ``RpcServer``
-its node agent drives with WorkerRun / WorkerStatus / WorkerStop, in front of a ``WorkerCore``."""
+its node agent drives with WorkerRun / WorkerStatus / WorkerStop / WorkerLeave, in front of a
+``WorkerCore``."""
 
 from __future__ import annotations
 
@@ -27,11 +28,15 @@ log = logging.getLogger(__name__)
 
 def worker_handlers(core: WorkerCore) -> dict[type[m.Message], Any]:
     async def run(msg: m.WorkerRun) -> m.WorkerResult:
-        result = await core.run(msg.lease)
+        result = await core.run(msg.lease, msg.group)
         return m.WorkerResult(request_id=msg.lease.request_id, attempt=msg.lease.attempt, result=result)
 
+    def leave(msg: m.WorkerLeave) -> m.Ok:
+        core.sp.leave(msg.epoch)
+        return m.Ok()
+
     return {m.WorkerRun: run, m.WorkerStatus: lambda msg: core.progress(),
-            m.WorkerStop: lambda msg: core.stop()}
+            m.WorkerStop: lambda msg: core.stop(), m.WorkerLeave: leave}
 
 
 async def serve(bind: str, store: str, recipe: Recipe, worker_id: str, step_delay_s: float = 0.0,
