@@ -72,8 +72,8 @@ class RuntimeConfig:
     and leaves."""
     node_lost_s: float = 30.0
     """A node agent silent this long (no heartbeat to the controller: SIGKILLed, frozen, cut off)
-    is declared lost: it leaves the registry (and the cost meter) as a preemption. Its leases come
-    back through their own expiry (``lease_s``)."""
+    is declared lost: it leaves the registry (and the cost meter) as a preemption, and the leases
+    its workers hold go back to the queue at once (not at their expiry, ``lease_s``)."""
     step_commits: bool = True
     """Workers commit a rollout's state after every denoising step, so a preempted request resumes
     from its last step elsewhere; false (the naive_spot baseline): one commit at the end only, and a

@@ -333,6 +333,22 @@ class BatchResult(Message):
     rejected: list[dict[str, Any]]
 
 
+@register("q.release_node")
+@dataclass(kw_only=True, slots=True)
+class ReleaseNode(Message):
+    """The controller declared node ``node_id`` lost (no heartbeat for ``runtime.node_lost_s``):
+    re-queue every lease its workers hold now (uncounted; their attempts fenced), instead of at
+    each lease's expiry. Replied with Requeued."""
+
+    node_id: str
+
+
+@register("q.requeued")
+@dataclass(kw_only=True, slots=True)
+class Requeued(Message):
+    request_ids: list[str]
+
+
 # --- tensor store ---------------------------------------------------------------------------------
 @register("s.put")
 @dataclass(kw_only=True, slots=True)

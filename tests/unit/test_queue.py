@@ -133,6 +133,49 @@ def test_fencing_drops_late_result(core: RequestQueueCore, clock: FakeClock) -> 
         core.complete("nope", 1, "fast", res(0.0))
 
 
+def test_lost_node_leases_requeued_at_once_and_fenced(core: RequestQueueCore, clock: FakeClock) -> None:
+    """A node declared lost: its workers' leases (ids ``<node>/...``) go back to the queue now,
+    with their last commit, uncounted; other nodes' leases (a node named with the same prefix
+    included) stay; the lost attempts' late heartbeats, releases and results are refused."""
+    core.submit([req("a"), req("b"), req("c"), req("d")])
+    core.pull("n1/w0")
+    core.heartbeat("a", 1, "n1/w0", committed_step=3)
+    core.pull("n1/w1")
+    core.pull("n10/w0")  # "n1" is a prefix of its name, not its node
+    core.pull("n2/sp")
+    assert core.release_node("n1") == ["a", "b"]
+    assert core.release_node("n1") == []  # nothing held any more
+    assert core.next_deadline() == 1010.0  # c's and d's leases live on
+    again = core.pull("n2/w0")
+    assert (again.request_id, again.attempt, again.resume_step) == ("a", 2, 3)  # at once, from its commit
+    for op in (lambda: core.heartbeat("a", 1, "n1/w0"), lambda: core.release("b", 1, "n1/w1"),
+               lambda: core.complete("a", 1, "n1/w0", res(0.0))):
+        with pytest.raises(StaleAttempt):
+            op()  # the node came back (it was frozen): its attempts are fenced off
+    assert core.complete("a", 2, "n2/w0", res(1.0)) is True
+    for _ in range(5):  # never counted toward the retry cap
+        lease = core.pull("n3/w0")
+        assert lease.request_id == "b"
+        core.release_node("n3")
+    clock.now += 11
+    assert sorted(core.expire_leases()) == ["c", "d"]  # a and b are not expired twice
+    stats = core.stats()
+    assert (stats["node_lost_requeued"], stats["expired"], stats["dead"]) == (7, 2, 0)
+    assert stats["late_results_dropped"] == 1 and stats["completed"] == 1
+    with pytest.raises(ProtocolError, match="node_id"):
+        core.release_node("n1/w0")
+
+
+async def test_release_node_through_the_client() -> None:
+    core = RequestQueueCore(QueueConfig(lease_s=5.0))
+    client = QueueClient.local(core)
+    await client.submit([req("a"), req("b")])
+    await client.pull("spot.1/w0")
+    await client.pull("spot.2/w0")
+    assert await client.release_node("spot.1") == ["a"]
+    assert core.stats()["now_queued"] == 1
+
+
 def test_dead_letter_after_capped_retries(core: RequestQueueCore, clock: FakeClock) -> None:
     core.submit([req("r1", batch="it3"), req("r2", batch="it3")])
     assert core.pull("w").request_id == "r1"  # attempt 1

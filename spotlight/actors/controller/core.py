@@ -4,9 +4,9 @@
   tensor-store addresses, the lease length and the recipe, whose ``runtime`` section holds every
   runtime knob (so a spot node needs only the controller's address). Node liveness comes from
   the agents' heartbeats (``NodeBeat``): ``sweep`` declares a node silent for
-  ``runtime.node_lost_s`` lost (a SIGKILLed agent says no goodbye). Every join and leave is
-  handed to ``on_event`` (the cost meter counts GPU-seconds from them). ``controller_handlers``
-  is its message API.
+  ``runtime.node_lost_s`` lost (a SIGKILLed agent says no goodbye), and the shell has the queue
+  re-queue the leases its workers held at once. Every join and leave is handed to ``on_event``
+  (the cost meter counts GPU-seconds from them). ``controller_handlers`` is its message API.
 - ``Controller``: the async shell: the controller's ``RpcServer`` plus open queue and store
   clients (CURVE on both sides when keys are given).
 - ``BackgroundLoop``: the trainer (``Loop``) is synchronous torch code on the main thread, so the
@@ -100,6 +100,17 @@ class ControllerCore:
             log.warning("node %s lost: no heartbeat for %.1f s", node_id, silent)
             self._leave(node_id, f"lost: no heartbeat for {silent:.1f} s", event="lost")
         return lost
+
+    def requeued(self, node_id: str, request_ids: list[str]) -> None:
+        """The queue re-queued ``request_ids``, the leases lost node ``node_id`` held: noted on
+        its record in ``left``."""
+        for record in reversed(self.left):
+            if record["node_id"] == node_id:
+                record["requeued"] = request_ids
+                break
+        if request_ids:
+            log.warning("node %s lost: %d leases re-queued (%s)", node_id, len(request_ids),
+                        ", ".join(request_ids[:8]))
 
     def _leave(self, node_id: str, reason: str, event: str = "leave") -> None:
         node = self.nodes.pop(node_id, None)

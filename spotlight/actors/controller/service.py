@@ -17,7 +17,7 @@ from spotlight.actors.queue.client import QueueClient
 from spotlight.actors.store.client import TensorStoreClient
 from spotlight.comm.auth import CurveClientKeys, CurveServerKeys
 from spotlight.comm.transport import RpcClient, RpcServer
-from spotlight.errors import ActorDead, ActorTimeout
+from spotlight.errors import ActorDead, ActorTimeout, SpotlightError
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,21 @@ class Controller:
 
     async def _sweep(self) -> None:
         """Node liveness: every ``node_sweep_s``, nodes without a heartbeat for ``node_lost_s``
-        are declared lost (``ControllerCore.sweep``)."""
+        are declared lost (``ControllerCore.sweep``) and the leases their workers hold go back to
+        the queue at once (``ReleaseNode``), not one by one as each lease expires."""
         while True:
             await asyncio.sleep(self.core.sweep_s)
-            self.core.sweep()
+            for node_id in self.core.sweep():
+                await self._requeue(node_id)
+
+    async def _requeue(self, node_id: str) -> None:
+        assert self.queue is not None
+        try:
+            requeued = await self.queue.release_node(node_id)
+        except SpotlightError as e:  # the leases still come back, at their expiry
+            log.warning("re-queueing the leases of lost node %s: %s", node_id, e)
+            return
+        self.core.requeued(node_id, requeued)
 
     @staticmethod
     async def _cancel(task: asyncio.Task) -> None:

@@ -82,5 +82,9 @@ class QueueClient:
         """Cancel what of ``batch`` has not finished; the results that did arrive."""
         return await self._rpc(m.CancelBatch(batch=batch, forget=forget))
 
+    async def release_node(self, node_id: str) -> list[str]:
+        """Node ``node_id`` was declared lost: its workers' leases back to the queue now; their ids."""
+        return (await self._rpc(m.ReleaseNode(node_id=node_id))).request_ids
+
     async def stats(self) -> m.QueueStatsReply:
         return await self._rpc(m.QueueStats())

@@ -10,7 +10,9 @@ Protocol (DESIGN.md §5): a pull returns a lease (request id, attempt, deadline)
 outrank exploration ones, then FIFO by submission (a re-queued request keeps its place). Heartbeats
 extend the lease and record the last committed step. A release (spot notice) re-queues at once and
 is not counted toward the retry cap; an expired lease or a ``fail`` is counted, and after
-``max_attempts`` counted failures the request is dead-lettered. A re-queued request carries the
+``max_attempts`` counted failures the request is dead-lettered. A node declared lost by the
+controller (``release_node``) has every lease its workers hold re-queued at once, uncounted, instead
+of waiting out each lease. A re-queued request carries the
 last step its worker reported committed (``resume_step``); where that commit lives is the
 worker's and the store's business. Results are accepted only from the current attempt (fencing),
 exactly once. Requests are grouped in batches named by the submitter (``wait_batch``); a batch can
@@ -91,7 +93,7 @@ class RequestQueueCore:
         self.counters = dict.fromkeys(
             ["submitted", "leased", "completed", "released", "expired", "failed", "dead",
              "heartbeats", "late_results_dropped", "stale_rejected", "duplicate_completions",
-             "cancelled"], 0)
+             "cancelled", "node_lost_requeued"], 0)
 
     # --- producers --------------------------------------------------------------------------
     def submit(self, requests: list[m.WorkRequest]) -> None:
@@ -214,6 +216,23 @@ class RequestQueueCore:
         rec = self._current(request_id, attempt, worker_id, "fail")
         self.counters["failed"] += 1
         self._count_failure(rec, f"failed: {error}")
+
+    def release_node(self, node_id: str) -> list[str]:
+        """Node ``node_id`` was declared lost (silent past ``runtime.node_lost_s``: SIGKILLed, cut
+        off): every lease its workers hold (worker ids ``<node_id>/...``, as its agent names them)
+        goes back to the queue now, with its last commit, instead of at its expiry. Not counted
+        toward the retry cap (losing a spot node is no fault of the request, as with a notice);
+        those attempts are fenced off like any stale one, so if the node was only frozen, its late
+        heartbeats and results are refused. Returns the re-queued request ids."""
+        if not isinstance(node_id, str) or not node_id or "/" in node_id:
+            raise ProtocolError(f"release_node: node_id must be a non-empty str without '/', got {node_id!r}")
+        prefix = node_id + "/"
+        held = [rec for rec in self._requests.values()
+                if rec.state == "leased" and rec.worker_id is not None and rec.worker_id.startswith(prefix)]
+        for rec in held:
+            self._enqueue(rec)
+        self.counters["node_lost_requeued"] += len(held)
+        return [rec.request_id for rec in held]
 
     # --- time -------------------------------------------------------------------------------
     def expire_leases(self) -> list[str]:

@@ -91,6 +91,7 @@ def queue_handlers(core: RequestQueueCore) -> dict[type[m.Message], Callable[[An
         m.CompleteMany: complete_many,
         m.Fail: lambda msg: core.fail(msg.request_id, msg.attempt, msg.worker_id, msg.error) or ok,
         m.WaitBatch: wait_batch,
+        m.ReleaseNode: lambda msg: m.Requeued(request_ids=core.release_node(msg.node_id)),
         m.QueueStats: lambda msg: m.QueueStatsReply(stats=core.stats(),
                                                     dead_letters=list(core.dead_letters)),
     }
