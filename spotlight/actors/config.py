@@ -176,6 +176,13 @@ class RuntimeConfig:
         return self.node_lost_s / 4
 
     @property
+    def node_beat_s(self) -> float:
+        """How often a node agent beats to the controller: every heartbeat_s, but at least five
+        times per node_lost_s, so a live node is declared lost only after five beats in a row went
+        missing (a beat or two delayed on a loaded machine never add up to it)."""
+        return min(self.heartbeat_s, self.node_lost_s / 5)
+
+    @property
     def metadata_timeout_s(self) -> float:
         """HTTP timeout of one metadata poll (the poll period, at most one second)."""
         return min(1.0, self.metadata_poll_s)

@@ -626,7 +626,7 @@ class Deregister(Message):
 @register("c.node_beat")
 @dataclass(kw_only=True, slots=True)
 class NodeBeat(Message):
-    """A node agent's liveness heartbeat (every ``runtime.heartbeat_s``). Replied with Ok; a
+    """A node agent's liveness heartbeat (every ``runtime.node_beat_s``). Replied with Ok; a
     ``NotFound`` error means the controller declared the node lost (silent longer than
     ``runtime.node_lost_s``) and the agent registers again."""
 

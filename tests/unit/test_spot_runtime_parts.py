@@ -98,6 +98,31 @@ def test_a_silent_node_is_declared_lost_within_the_bound_and_may_come_back():
     assert events == [("join", "a"), ("join", "b"), ("lost", "a"), ("join", "a"), ("leave", "b")]
 
 
+def test_the_controllers_own_stall_is_not_a_nodes_silence():
+    """The controller's loop stalled 9 s (starved of CPU or of the GIL by the trainer under load):
+    heartbeats sent meanwhile wait unread, so the late sweep must not declare the live node lost
+    (the false positive seen under heavy load); a node that really went silent is still declared
+    lost once it has been silent node_lost_s of the controller's listening time."""
+    clock = FakeClock()
+    recipe = load_recipe("tiny", ["runtime.node_lost_s=4", "runtime.heartbeat_s=1", "runtime.lease_s=3"])
+    core = ControllerCore(recipe, "ipc://q", "ipc://s", clock=clock)
+    core.register(m.Register(node_id="live", kind="spot", workers=1))
+    core.register(m.Register(node_id="dead", kind="spot", workers=1))
+    clock.t += 1.0
+    core.beat(m.NodeBeat(node_id="live"))
+    assert core.sweep() == []
+    clock.t += 10.0  # the stall: the sweep due at t+2 runs at t+11, the beats are still unread
+    assert core.sweep() == []  # without the credit: both lost (silent 10 and 11 s >= 4)
+    core.beat(m.NodeBeat(node_id="live"))  # read just after the late sweep
+    clock.t += 1.0
+    assert core.sweep() == []  # "dead": silent 2 + 1 s while the controller listened
+    clock.t += 1.0
+    core.beat(m.NodeBeat(node_id="live"))
+    assert core.sweep() == ["dead"]  # 4 s of listened silence
+    assert list(core.nodes) == ["live"]
+    assert recipe.runtime.node_beat_s == 0.8  # agents beat 5 times per node_lost_s (not every heartbeat_s)
+
+
 # --- the step log and the accounting ----------------------------------------------------------------
 def test_step_log_counts_resumed_rerun_and_lost(tmp_path):
     path = tmp_path / "steps.log"

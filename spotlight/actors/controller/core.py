@@ -46,6 +46,7 @@ class ControllerCore:
         self.queue, self.store, self.lease_s = queue, store, recipe.runtime.lease_s
         self.node_lost_s, self.clock = recipe.runtime.node_lost_s, clock
         self.sweep_s = recipe.runtime.node_sweep_s
+        self._swept = clock()  # when the last sweep ran (the first is due sweep_s after start)
         self.epoch = time.time_ns() // 1_000_000
         """This reserved side's run epoch (ms since 1970 at start): request ids and registrations
         carry it, so nothing from before a restart (``--resume``) is ever counted."""
@@ -92,8 +93,23 @@ class ControllerCore:
         return m.Ok()
 
     def sweep(self) -> list[str]:
-        """Declare every node silent for ``runtime.node_lost_s`` lost; returns their ids."""
+        """Declare every node silent for ``runtime.node_lost_s`` lost; returns their ids.
+
+        Silence is counted only while the controller listened. A sweep is due every
+        ``sweep_s``; one that runs later than that means the controller itself was stalled (its
+        loop blocked, its process starved of CPU or of the GIL by the trainer, swapped out):
+        heartbeats sent meanwhile wait unread in its socket, and would be read just after this
+        sweep. The stall is not the nodes' silence, so it is credited to every node first (a
+        live node must not be declared lost because the reserved side was slow)."""
         now = self.clock()
+        stall_from = self._swept + self.sweep_s  # when this sweep was due
+        self._swept = now
+        if now > stall_from:
+            for node in self.nodes.values():  # silence inside the stall does not count
+                node["seen"] += now - max(node["seen"], stall_from)
+            if now - stall_from > self.sweep_s:
+                log.warning("the controller was stalled %.1f s: node silence during it not counted",
+                            now - stall_from)
         lost = [n for n, node in self.nodes.items() if now - node["seen"] >= self.node_lost_s]
         for node_id in lost:
             silent = now - self.nodes[node_id]["seen"]

@@ -13,7 +13,7 @@
   ``instance/preempted`` form) makes the agent leave: every busy worker finishes its current step
   and flushes its commit, every lease is released, workers are stopped, the agent exits — within
   ``runtime.leave_s`` (``spotlight.actors.config``). SIGINT is the same clean exit.
-- Liveness: the agent beats to the controller every ``runtime.heartbeat_s`` (``NodeBeat``); a
+- Liveness: the agent beats to the controller every ``runtime.node_beat_s`` (``NodeBeat``); a
   controller that declared it lost (silent past ``runtime.node_lost_s``: frozen, cut off) gets a
   fresh registration. A pull that times out only means the queue is gone once the queue has been
   silent ``runtime.queue_lost_s`` AND one more probe goes unanswered: an agent frozen by SIGSTOP
@@ -365,9 +365,9 @@ class NodeAgent:
         c, ctl = self.config, self._ctl
         assert ctl is not None
         while True:
-            await asyncio.sleep(self.runtime.heartbeat_s)
-            try:
-                await ctl.call(m.NodeBeat(node_id=c.node_id))
+            await asyncio.sleep(self.runtime.node_beat_s)
+            try:  # a slow reply is waited for one beat period at most: the cadence holds
+                await ctl.call(m.NodeBeat(node_id=c.node_id), timeout=self.runtime.node_beat_s)
             except NotFound:
                 log.warning("the controller declared node %s lost; registering again", c.node_id)
                 try:
