@@ -67,7 +67,7 @@ def interrupt(agent: GroupAgent, rid: str, cold: bool, spawn_names: list[str]) -
     agent.run_until(lambda: agent.committed_step(rid) >= 2, 120)
     epoch = agent.sched.requests[rid].epochs[0]
     members = agent.sched.groups[epoch].members
-    victims = list(agent.procs_alive()) if cold else [members[1]]
+    victims = list(agent.procs_alive()) if cold else [members[-1]]
     t_kill = time.monotonic()
     for v in victims:
         agent.kill(v)

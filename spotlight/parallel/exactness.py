@@ -28,12 +28,12 @@ def _model(device: str, checkpoint: str | None):
         cfg = ModelConfig(checkpoint=checkpoint)
     else:  # 4 heads, 64 image tokens: degrees 1, 2 and 4 all divide both
         cfg = ModelConfig(checkpoint=None, layers=2, heads=4, head_dim=16, image_size=16, patch=2)
-    model = build_model(cfg, VOCABULARY).to(device)
+    model = build_model(cfg, VOCABULARY)
     if not checkpoint:  # a fresh DiT zero-initialises its output layer: give it real weights
-        with torch.no_grad():
+        with torch.no_grad():  # drawn on the host: the same weights on every device
             for p in model.parameters():
                 p.normal_(0, 0.1, generator=torch.Generator().manual_seed(p.numel()))
-    return model.eval()
+    return model.to(device).eval()
 
 
 def _run(model, device: str) -> dict[str, torch.Tensor]:

@@ -1,10 +1,13 @@
-"""Elastic SP in the real runtime (queue, store, a node agent with runtime.sp_degree = 2 and three
-workers: one group and a spare): a member SIGKILLed mid-request — the committing rank 0 or the
-other rank — has its group broken, the survivor regroups with the spare at a new epoch without
-restarting (same process), the request resumes from its last store commit under the same lease,
-and the trajectory is bit-identical to the single-process rollout (degree 1: the SP forward is
-exact here, so degree 2 and degree 1 agree bit for bit). The dead worker is restarted and
-joins again; nothing is left behind."""
+"""Elastic SP in the real runtime (queue, store, runtime.sp_degree = 2; a reserved node agent with
+three workers — a group and a spare — and a spot node agent with two): a member SIGKILLed
+mid-request — the committing rank 0 or the other rank — has its group broken, the survivor
+regroups at a new epoch without restarting (same process, same weights), the request resumes
+from its last store commit under the same lease, and the trajectory is bit-identical to the
+single-process rollout (degree 1: the SP forward is exact here, so degree 2 and degree 1 agree
+bit for bit). The dead worker is restarted and joins again. A spot notice (SIGTERM) to a node
+whose group is mid-request: both ranks stop at the same step boundary, the lease is released,
+the agent leaves within its budget, and the other node's group resumes the request from its
+commit, bit-identical. Nothing is left behind."""
 
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ TINY = [
     "explore.candidates=4",
     "runtime.sp_degree=2",
     "runtime.reserved_workers=3",  # one group of 2 and a spare
-    "runtime.spot_workers=0",
+    "runtime.spot_workers=2",  # one group
     "runtime.lease_s=3",
     "runtime.heartbeat_s=0.3",
     "runtime.sp_timeout_s=2",
@@ -76,9 +79,9 @@ def runtime(tmp_path_factory):
 
 
 def workers(rt) -> dict[str, int]:
-    """worker id -> pid of the reserved agent's live workers."""
+    """worker id -> pid of the live workers of the runtime's live agents."""
     out = {}
-    for pid in descendants(rt.agents["reserved"].pid):
+    for pid in [p for a in rt.agents.values() if a.proc.poll() is None for p in descendants(a.pid)]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 args = f.read().split(b"\0")
@@ -89,15 +92,15 @@ def workers(rt) -> dict[str, int]:
     return out
 
 
-def three(rt) -> dict[str, int] | None:
+def five(rt) -> dict[str, int] | None:
     w = workers(rt)
-    return w if len(w) == 3 else None
+    return w if len(w) == 5 else None
 
 
 def run_and_kill(rt, batch: str, victim_rank: int):
     job = m.RolloutWork(prompt=PROMPT, seeds=SEEDS, version=0)
     rid = f"{batch}/0"
-    before = wait_for(lambda: three(rt), 120, "three workers")
+    before = wait_for(lambda: five(rt), 120, "five workers")
     rt.call(rt.queue.submit([m.WorkRequest(request_id=rid, batch=batch, work=job)]))
     held = wait_for(lambda: rt.call(rt.store.get_commit(rid)), 60, f"a commit of {rid}")
     rank0, group = held[2]["worker"], held[2]["group"]
@@ -113,7 +116,7 @@ def run_and_kill(rt, batch: str, victim_rank: int):
     assert torch.equal(torch.from_numpy(traj["log_probs"].copy()), torch.stack(ref.log_probs))
     assert meta["worker"] != victim and result.resumed_from >= 1  # from a commit, not from step 0
     # The survivors are the same processes (no restart, no reload); the victim is restarted.
-    after = wait_for(lambda: three(rt), 120, "the victim restarted")
+    after = wait_for(lambda: five(rt), 120, "the victim restarted")
     assert {w: p for w, p in after.items() if w != victim} == {w: p for w, p in before.items() if w != victim}
     assert after[victim] != before[victim]
     stats = rt.call(rt.queue.stats()).stats
@@ -134,3 +137,36 @@ def test_sp_group_runs_a_request_bit_identical_to_one_process(runtime):
 def test_killed_member_regroups_and_the_request_completes_bit_identical(runtime, victim_rank):
     result, stats = run_and_kill(runtime, f"kill{victim_rank}", victim_rank)
     assert stats["expired"] == 0  # kept under its lease and resumed on the node: nothing expired
+
+
+def test_notice_stops_the_group_at_one_step_releases_and_another_group_resumes(runtime):
+    rt = runtime
+    job = m.RolloutWork(prompt=PROMPT, seeds=SEEDS, version=0)
+    ids = ["term/0", "term/1"]
+    wait_for(lambda: five(rt), 120, "five workers")
+    rt.call(rt.queue.submit([m.WorkRequest(request_id=r, batch="term", work=job) for r in ids]))
+    spot = wait_for(
+        lambda: [r for r in ids
+                 if (c := rt.call(rt.store.get_commit(r))) and c[2]["worker"].startswith("local-spot")],
+        60, "a commit from the spot node's group")
+    agent = rt.agents["spot"].proc
+    members = descendants(agent.pid)
+    released = rt.call(rt.queue.stats()).stats["released"]
+    t0 = time.monotonic()
+    agent.send_signal(signal.SIGTERM)
+    assert agent.wait(rt.config.leave_s + 10) == 0
+    assert time.monotonic() - t0 < rt.config.leave_s + 6.0  # budget + process teardown under load
+    assert not any(alive(p) for p in members)
+    done = rt.call(rt.queue.wait_batch("term", 90), timeout=120)
+    assert done.dead == []
+    stats = rt.call(rt.queue.stats()).stats
+    assert stats["released"] == released + 1 and stats["expired"] == 0
+    moved = done.results[ids.index(spot[0])]
+    assert moved.resumed_from >= 1  # from the spot group's commit, on the reserved node's group
+    for result in done.results:
+        traj, meta = rt.call(rt.store.get(result.key))
+        assert torch.equal(torch.from_numpy(traj["latents"].copy()), torch.stack(rt.reference.latents))
+        assert torch.equal(torch.from_numpy(traj["log_probs"].copy()), torch.stack(rt.reference.log_probs))
+        assert meta["worker"].startswith("local-reserved") or result is not moved
+    log = (rt.log_dir / "agent-spot.log").read_text()
+    assert "did not stop cleanly" not in log  # both ranks stopped at the same step boundary

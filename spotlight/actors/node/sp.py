@@ -91,6 +91,8 @@ class GroupServer:
     async def leave(self) -> None:
         """Spot notice: busy members stop at a step boundary (commits flushed); leases released."""
         busy = {mid for g in self.sched.groups.values() for mid in g.members}
+        for rid in list(self.sched.requests):  # nothing forms again; the leases go back below
+            self.sched.cancel(rid)  # (its Leave commands: the WorkerStop below does the same)
 
         async def stop_one(h: WorkerHandle) -> None:
             try:

@@ -223,12 +223,15 @@ class WorkerCore:
         compute_s = time.perf_counter() - t0
         base = None  # this attempt's first commit is the whole state; later ones append a step
         while not rollout.done:
-            if self._stop or self.sp.left(group):
+            stop = self._stop or self.sp.left(group)
+            if group is not None:  # the ranks stop at the same step boundary
+                stop = await self._sp(self.sp.agree(stop))
+            if stop:
                 await self.store.flush()
                 kept = "committed" if self.step_commits else "not committed: it starts over"
                 raise Preempted(f"{rid}: stopped after step {rollout.state.step} ({kept})")
             t0 = time.perf_counter()
-            state = rollout.step() if group is None else await self._sp_step(rollout)
+            state = rollout.step() if group is None else await self._sp(self.sp.compute(rollout.step))
             compute_s += time.perf_counter() - t0
             if not first:
                 continue
@@ -269,12 +272,12 @@ class WorkerCore:
             compute_s=compute_s,
         )
 
-    async def _sp_step(self, rollout: work.Rollout):
-        """One step of an SP group, off the loop's thread (it may wait on a peer). A failed
-        collective raises; the first rank's commits so far are flushed before it does, so the
-        group that resumes the request finds them."""
+    async def _sp(self, call):
+        """An SP group's step or agreement, awaited: it runs off the loop's thread and may wait
+        on a peer. A failed collective raises; the first rank's commits so far are flushed
+        before it does, so the group that resumes the request finds them."""
         try:
-            return await self.sp.compute(rollout.step)
+            return await call
         except Exception:
             with contextlib.suppress(Exception):
                 await self.store.flush()

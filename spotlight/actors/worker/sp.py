@@ -15,8 +15,11 @@ on a dead or hung peer; the collective fails when the peer's sockets close (a SI
 the timeout (a hung peer), and the step raises. A worker running alone keeps computing on the
 loop's thread, exactly as before.
 
-The agent breaks a group with ``WorkerLeave(epoch)``: ``left(epoch)`` is then true and the rollout
-stops at its next step boundary.
+The agent breaks a group with ``WorkerLeave(epoch)``, and a spot notice stops a worker
+(``WorkerStop``); either reaches the ranks of a group at slightly different times, so before
+every step the ranks agree (``rank.agree``: one one-integer all-reduce) whether any of them must
+stop, and all stop at the same step boundary instead of leaving one rank waiting in the next
+step's collective.
 
 Knows communicators and the DiT's processor; nothing of queues, leases or the store.
 """
@@ -41,6 +44,7 @@ class SpRank:
         self.model, self.timeout_s = model, timeout_s
         self._pool: ThreadPoolExecutor | None = None
         self._comms = None  # spotlight.parallel.comms.Communicators, per rendezvous port
+        self._group = None  # the open epoch's process group
         self._left: set[int] = set()
 
     def leave(self, epoch: int) -> None:
@@ -48,6 +52,19 @@ class SpRank:
 
     def left(self, group: m.SpGroup | None) -> bool:
         return group is not None and group.epoch in self._left
+
+    async def agree(self, stop: bool) -> bool:
+        """Whether any rank of the open group wants to stop before the next step."""
+        return await self.compute(lambda: self._any(stop))
+
+    def _any(self, flag: bool) -> bool:
+        import torch.distributed as dist
+
+        t = torch.tensor([int(flag)], dtype=torch.int32)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        self._group.allreduce([t], opts).wait()
+        return bool(t.item())
 
     async def compute(self, fn: Callable[[], T]) -> T:
         """``fn()`` on the compute thread (a step that may wait in a collective)."""
@@ -65,6 +82,7 @@ class SpRank:
             yield
         finally:
             sp.undo()  # the plain DiT again (explore jobs, a solo request)
+            self._group = None
             if self._comms is not None:
                 self._comms.close()
             self._left.discard(group.epoch)
@@ -81,8 +99,8 @@ class SpRank:
         if self._comms is None or self._comms.store.port != group.port:  # a new agent session
             backend = "nccl" if next(self.model.parameters()).device.type == "cuda" else "gloo"
             self._comms = Communicators("127.0.0.1", group.port, timeout_s=self.timeout_s, backend=backend)
-        pg = self._comms.open(group.epoch, group.rank, group.size)
-        return parallelize(self.model.dit, pg)
+        self._group = self._comms.open(group.epoch, group.rank, group.size)
+        return parallelize(self.model.dit, self._group)
 
     def close(self) -> None:
         if self._pool is not None:  # a thread stuck in a collective is not waited for
