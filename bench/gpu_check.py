@@ -1,6 +1,6 @@
 """Every GPU path of elastic SP, exercised once on a single- or multi-GPU machine (< 8 minutes).
 
-    .venv/bin/python bench/gpu_check.py
+    .venv/bin/python bench/gpu_check.py            # or name sections: gpu_check.py ipc regroup
 
 Prints one table: the probes (CUDA, NCCL, cupy, xfuser), SP exactness under NCCL (degree = the
 largest of 1, 2, 4 the GPUs allow: NCCL needs one GPU per rank), a regroup of GPU members after a
@@ -166,9 +166,11 @@ def main() -> None:
     if dev.probe_cuda() is not None:
         row("GPU paths", "skipped", "no usable CUDA device on this machine")
     else:
+        only = set(sys.argv[1:])  # e.g. `gpu_check.py regroup`: those sections alone
         for name, fn in (("rollout", rollout_on_gpu), ("ipc", ipc_and_peer_copy),
                          ("sp", sp_exactness), ("regroup", regroup)):
-            section(name, fn)
+            if not only or name in only:
+                section(name, fn)
     width = max(len(r[0]) for r in ROWS)
     print(f"\n| {'check':<{width}} | result | note |\n| {'-' * width} | --- | --- |")
     for name, value, note in ROWS:

@@ -16,7 +16,9 @@ torch.set_num_threads(1)  # 2-core CI machine: oversubscribed intra-op threads c
 
 # Set by the tools themselves, not by a test: pytest's phase marker, and torch's inductor, which
 # writes its default cache folder into the environment the first time it is asked for it.
-_ENV_SET_BY_TOOLS = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
+# On the GPU image (H200, 2026-11-30) a library the CUDA paths load sets the two KMP_ variables.
+_ENV_SET_BY_TOOLS = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "KMP_DUPLICATE_LIB_OK",
+                    "KMP_INIT_AT_FORK"}
 
 
 def _global_state() -> tuple[dict, set]:

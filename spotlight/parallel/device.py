@@ -136,7 +136,8 @@ def cuda_ipc_export(t: torch.Tensor) -> IpcHandle:
 def cuda_ipc_import(h: IpcHandle | dict) -> torch.Tensor:
     """The peer's tensor, mapped into this process (same memory: copy it before the peer frees it)."""
     if isinstance(h, dict):
-        h = IpcHandle(**h)
+        h = IpcHandle(**{k: bytes.fromhex(v) if k.endswith("handle") and isinstance(v, str) else v
+                         for k, v in h.items()})  # JSON carries the handles as hex
     torch.cuda._lazy_init()
     storage = torch.UntypedStorage._new_shared_cuda(
         h.device, h.handle, h.storage_bytes, h.storage_offset, h.ref_counter_handle,

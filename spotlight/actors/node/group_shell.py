@@ -71,7 +71,7 @@ class GroupAgent:
         """Start a member process on `device` (model from the store file, or from `peer`)."""
         spec = {**self.spec, "peer": peer, "device": device}
         path = self.workdir / f"{name}.spec.json"
-        path.write_text(json.dumps(spec))
+        path.write_text(json.dumps(spec, default=_hex_bytes))  # CUDA IPC handles are bytes
         cmd = [sys.executable, "-m", "spotlight.actors.node.member", "--id", name,
                "--agent", self.address, "--spec", str(path)]
         with open(self.workdir / f"{name}.log", "ab") as log:
@@ -232,3 +232,11 @@ class GroupAgent:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _hex_bytes(value):
+    """JSON for the bytes in a member's spec (a GPU peer's CUDA IPC handles); read back by
+    `cuda_ipc_import`, which takes hex strings too."""
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"a member spec cannot hold {type(value).__name__}")
