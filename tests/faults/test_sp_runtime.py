@@ -4,7 +4,10 @@ mid-request — the committing rank 0 or the other rank — has its group broken
 regroups at a new epoch without restarting (same process, same weights), the request resumes
 from its last store commit under the same lease, and the trajectory is bit-identical to the
 single-process rollout (degree 1: the SP forward is exact here, so degree 2 and degree 1 agree
-bit for bit). The dead worker is restarted and joins again. A spot notice (SIGTERM) to a node
+bit for bit). The dead worker is restarted and joins again. A member frozen mid-request (SIGSTOP):
+its peer keeps answering status while its collective waits, gives up after runtime.sp_timeout_s,
+the frozen member is killed after the release bound, and the request completes bit-identical
+without its lease expiring. A spot notice (SIGTERM) to a node
 whose group is mid-request: both ranks stop at the same step boundary, the lease is released,
 the agent leaves within its budget, and the other node's group resumes the request from its
 commit, bit-identical. Nothing is left behind."""
@@ -21,6 +24,7 @@ import torch
 from spotlight.actors.procs import alive, descendants
 from spotlight.actors.runtime import LocalRuntime
 from spotlight.comm import messages as m
+from spotlight.comm.transport import RpcClient
 from spotlight.policy.sampler import sde_rollout
 from spotlight.recipe import load_recipe
 from spotlight.work import policy_model as build_policy_model
@@ -76,6 +80,17 @@ def runtime(tmp_path_factory):
             yield rt
             pids = rt.pids()
     assert [p for p in pids if alive(p)] == []
+
+
+def cmdline_arg(pid: int, flag: bytes) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        args = f.read().split(b"\0")
+    return args[args.index(flag) + 1].decode()
+
+
+async def worker_status(endpoint: str) -> m.WorkerProgress:
+    async with RpcClient(endpoint, timeout=1.0) as client:  # beside the agent's own client
+        return await client.call(m.WorkerStatus())
 
 
 def workers(rt) -> dict[str, int]:
@@ -137,6 +152,28 @@ def test_sp_group_runs_a_request_bit_identical_to_one_process(runtime):
 def test_killed_member_regroups_and_the_request_completes_bit_identical(runtime, victim_rank):
     result, stats = run_and_kill(runtime, f"kill{victim_rank}", victim_rank)
     assert stats["expired"] == 0  # kept under its lease and resumed on the node: nothing expired
+
+
+def test_frozen_member_times_out_is_killed_and_the_request_completes_bit_identical(runtime):
+    rt = runtime
+    before = wait_for(lambda: five(rt), 120, "five workers")
+    job = m.RolloutWork(prompt=PROMPT, seeds=SEEDS, version=0)
+    rt.call(rt.queue.submit([m.WorkRequest(request_id="stop/0", batch="stop", work=job)]))
+    held = wait_for(lambda: rt.call(rt.store.get_commit("stop/0")), 60, "a commit of stop/0")
+    rank0, victim = held[2]["group"]
+    os.kill(before[victim], signal.SIGSTOP)  # alive but hung: rank 0's next collective cannot finish
+    t0 = time.monotonic()
+    progress = rt.call(worker_status(cmdline_arg(before[rank0], b"--bind")), timeout=5)
+    assert time.monotonic() - t0 < 1.0 and progress.request_id == "stop/0"  # answered while it waits
+    done = rt.call(rt.queue.wait_batch("stop", 90), timeout=120)
+    (result,) = done.results
+    traj, _ = rt.call(rt.store.get(result.key))
+    assert torch.equal(torch.from_numpy(traj["latents"].copy()), torch.stack(rt.reference.latents))
+    assert result.resumed_from >= 1
+    wait_for(lambda: not alive(before[victim]), 30, "the frozen member killed")
+    after = wait_for(lambda: five(rt), 120, "the frozen member restarted")
+    assert after[rank0] == before[rank0] and after[victim] != before[victim]
+    assert rt.call(rt.queue.stats()).stats["expired"] == 0
 
 
 def test_notice_stops_the_group_at_one_step_releases_and_another_group_resumes(runtime):

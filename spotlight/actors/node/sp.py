@@ -71,6 +71,7 @@ class GroupServer:
         self.leases: dict[str, m.LeaseGrant] = {}  # request id -> the lease this node holds
         self.results: dict[int, m.WorkResult] = {}  # epoch -> rank 0's result
         self.beats: dict[str, asyncio.Task] = {}
+        self.killing: set[str] = set()  # members killed for being stuck: their death is what counts
         self.changed = asyncio.Event()  # the scheduler's state changed: maybe pull again
         self.stats = {"groups": 0, "regroups": 0}
         self._tg: asyncio.TaskGroup | None = None
@@ -162,6 +163,7 @@ class GroupServer:
                 self._tg.create_task(self._leave_member(self.handles[c.member], c.epoch))
             elif isinstance(c, Kill):
                 log.warning("killing %s: %s", c.member, c.reason)
+                self.killing.add(c.member)
                 self._tg.create_task(self.handles[c.member].kill())  # its watcher restarts it
             elif isinstance(c, Finished):
                 result, lease = self.results.pop(c.epoch, None), self.leases.get(c.request_id)
@@ -206,8 +208,9 @@ class GroupServer:
                 return
             died.cancel()
         outcome, value = run.result()
-        if proc.returncode is not None or h.proc is not proc:  # its client closed as it died
-            return  # (and the watcher may be restarting it already: leave the new process be)
+        if proc.returncode is not None or h.proc is not proc or h.worker_id in self.killing:
+            return  # it died (or is being killed): the watcher's `died` counts, and may be
+            # restarting it already (leave the new process be)
         if outcome == "ok":
             held = self.leases.get(lease.request_id)
             ours = held is not None and held.attempt == lease.attempt
@@ -254,6 +257,7 @@ class GroupServer:
             agent.stats["worker_deaths"] += 1
             log.warning("%s died (exit %s)", h.worker_id, code)
             self._do(self.sched.died(h.worker_id, f"exit {code}"))
+            self.killing.discard(h.worker_id)
             await h.kill()  # reap, close its client
             if agent.leaving.is_set():
                 return
