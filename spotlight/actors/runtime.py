@@ -293,8 +293,8 @@ class LocalRuntime:
         c = self.config
         nodes = self.controller.core.nodes  # the registry: nodes join and leave during a run
 
-        def explorers() -> int:  # workers that pull exploration now (the planner's capacity)
-            return sum(n["workers"] for n in list(nodes.values())
+        def explorers() -> int:  # workers (SP groups) that pull exploration now: the planner's capacity
+            return sum(n["workers"] // c.sp_degree for n in list(nodes.values())
                        if c.explore_on == "any" or n["kind"] == "spot")
 
         executor = RuntimeExecutor(self.bg, self.controller.queue, self.controller.store,
