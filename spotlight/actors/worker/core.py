@@ -195,6 +195,8 @@ class WorkerCore:
     async def _explore(self, job: m.ExploreWork) -> m.ExploreResult:
         t0 = time.perf_counter()
         explored = work.explore(self.model, job, self.recipe.sampler, self.reward, self.shape)
+        if self.step_delay_s:  # fault injection (a slow device): a kill can land mid-exploration
+            await asyncio.sleep(self.step_delay_s)
         return m.ExploreResult(
             rewards=[float(r) for r in explored.rewards],
             model_calls=explored.model_calls,
