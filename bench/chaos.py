@@ -82,6 +82,7 @@ def run_mode(name: str, args, out: Path) -> dict:
             handle = rt.bg.submit(rt.queue.wait_batch(batch, 600))
             idle_since = time.monotonic()
             while not handle.done() and len(faults) < args.kills:
+                injector.replace_gone()  # capacity is kept, whatever took a node down
                 held = (rt.call(rt.store.get_commit(r)) for r in ids)
                 busy = sorted({h[2]["worker"].split("/")[0] for h in held if h is not None}
                               & set(rt.spot_pids()))

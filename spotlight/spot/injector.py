@@ -14,7 +14,8 @@
   removals (seeded draws) are a SIGKILL with no notice at all.
 
 ``random_fault`` is the chaos suite's action: SIGKILL or SIGTERM of a random spot agent or spot
-worker, and a fresh node for an agent that went (capacity is kept).
+worker, and a fresh node for an agent that went (capacity is kept; ``replace_gone`` also replaces
+an agent that exited on its own).
 
 Every removal is announced to the run's ``SpotAccount`` first (``expect``), so it is counted as a
 preemption. One thread plays the schedule; it waits on an event (``stop`` ends it at once), never
@@ -119,6 +120,10 @@ class FaultInjector:
         self._t0 = time.monotonic()
 
     # --- the schedule ----------------------------------------------------------------------------
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
     def start(self) -> FaultInjector:
         """Play the schedule on a thread from now (run second 0 = now)."""
         self._t0 = time.monotonic()
@@ -195,6 +200,12 @@ class FaultInjector:
         if self.nodes.node_alive(node_id):
             self.nodes.signal_node(node_id, signal.SIGKILL)
             self._record("kill_after_warning", node_id)
+
+    def replace_gone(self) -> list[str]:
+        """Chaos: a fresh incarnation of every node whose agent exited on its own (one that gave
+        up on a worker killed again and again while it loaded), so capacity is kept; their ids."""
+        return [self.add(name) for name, node_id in sorted(self.current.items())
+                if not self.nodes.node_alive(node_id)]
 
     def random_fault(self, among: list[str] | None = None) -> str:
         """Chaos: SIGKILL or SIGTERM a random spot agent or one of its workers (of the nodes

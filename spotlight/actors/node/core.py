@@ -65,6 +65,9 @@ from spotlight.errors import (
 # A message about a lease the queue no longer honours: another attempt owns the request
 # (StaleAttempt) or its iteration is finished and forgotten (NotFound). Counted, never fatal.
 GONE = (StaleAttempt, NotFound)
+RESTART_TRIES = 3
+"""A dead worker's restarts that may fail in a row (killed again while it loads) before the
+agent gives up on it and exits (a worker that can never start is a broken node)."""
 
 log = logging.getLogger(__name__)
 
@@ -314,6 +317,7 @@ class NodeAgent:
         q = self.queue
         assert q is not None
         # Owns this slot's completes: each overlaps the next pull (one round trip per request saved).
+        failed_starts = 0
         async with asyncio.TaskGroup() as completes:
             while not self.leaving.is_set():
                 if not h.alive:
@@ -321,7 +325,14 @@ class NodeAgent:
                     self.stats["worker_deaths"] += 1
                     log.warning("%s died (exit %s); restarting", h.worker_id,
                                 h.proc.returncode if h.proc else None)
-                    await self._start(h)
+                    try:
+                        await self._start(h)
+                        failed_starts = 0
+                    except SpotlightError as e:  # killed again while starting: the next turn retries
+                        failed_starts += 1
+                        if failed_starts >= RESTART_TRIES:
+                            raise
+                        log.warning("%s: %s", h.worker_id, e)
                     continue
                 try:
                     lease = await q.pull(h.worker_id, self.kinds, max_wait_s=self.runtime.pull_wait_s)
