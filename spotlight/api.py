@@ -44,13 +44,13 @@ class Experiment:
         from spotlight.loop import Loop
 
         hooks = [self.records.append, *self._hooks]
+        if resume:  # no checkpoint: one line, before anything is started or written
+            checkpoint.latest(Path(self.recipe.run.out_dir) / self.recipe.run.name / "checkpoints")
         if self.recipe.run.mode == "in-process":
             self.loop = Loop(self.recipe, resume=resume, hooks=hooks, progress=progress)
             return self.loop.run()
         from spotlight.actors.runtime import LocalRuntime
 
-        if resume:  # no checkpoint: one line, before any process is started
-            checkpoint.latest(Path(self.recipe.run.out_dir) / self.recipe.run.name / "checkpoints")
         r = self.recipe.runtime
         if r.reserved_workers + r.spot_workers < 1:
             raise ConfigError("run.mode=\"runtime\" on one machine needs a worker: "
