@@ -89,8 +89,9 @@ def run_mode(name: str, args, out: Path) -> dict:
                 if not busy and time.monotonic() - idle_since > args.idle_s:  # a spot node that is ready
                     busy = sorted(n for n in rt.spot_pids() if rt.agents[n].ready.done()
                                   and rt.agents[n].ready.exception() is None)
-                if busy:
-                    faults.append(injector.random_fault(busy))
+                what = injector.random_fault(busy) if busy else None
+                if what is not None and what != "no spot node alive":  # it went meanwhile: no fault
+                    faults.append(what)
                     idle_since = time.monotonic()
                 try:
                     handle.result(timeout=args.every_s)
