@@ -21,6 +21,11 @@ class Preempted(Recoverable):
     """This worker or node received a spot notice and is leaving."""
 
 
+class GroupBroken(Recoverable):
+    """A sequence-parallel group lost a member or a collective failed (a dead or hung peer): the
+    request resumes from its last commit on a new group."""
+
+
 class LeaseExpired(Recoverable):
     """A lease was not renewed in time; the request went back to the queue."""
 

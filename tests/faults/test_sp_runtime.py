@@ -176,6 +176,16 @@ def test_frozen_member_times_out_is_killed_and_the_request_completes_bit_identic
     assert rt.call(rt.queue.stats()).stats["expired"] == 0
 
 
+def test_a_request_that_fails_in_a_group_is_failed_on_the_queue_not_regrouped(runtime):
+    rt = runtime  # the reward refuses this prompt after the last step: the request's own failure
+    job = m.RolloutWork(prompt="a teapot on the moon", seeds=SEEDS, version=0)
+    rt.call(rt.queue.submit([m.WorkRequest(request_id="bad/0", batch="bad", work=job)]))
+    done = rt.call(rt.queue.wait_batch("bad", 90), timeout=120)
+    assert done.dead == ["bad/0"] and done.results == [None]  # failed max_attempts times, dead-lettered
+    assert "bad/0 resumes on a new group" not in (rt.log_dir / "agent-reserved.log").read_text() + \
+        (rt.log_dir / "agent-spot.log").read_text()
+
+
 def test_notice_stops_the_group_at_one_step_releases_and_another_group_resumes(runtime):
     rt = runtime
     job = m.RolloutWork(prompt=PROMPT, seeds=SEEDS, version=0)

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 from spotlight.actors.node.groups import Finished, Form, GroupScheduler, Kill, Leave
 from spotlight.actors.worker.client import WorkerHandle
 from spotlight.comm import messages as m
-from spotlight.errors import ActorTimeout, NotFound, Preempted, SpotlightError, StaleAttempt
+from spotlight.errors import ActorTimeout, GroupBroken, NotFound, Preempted, SpotlightError, StaleAttempt
 
 if TYPE_CHECKING:
     from spotlight.actors.node.core import NodeAgent
@@ -225,15 +225,37 @@ class GroupServer:
             self._do(self.sched.done(h.worker_id, epoch))
             return
         log.warning("%s left epoch %d of %s: %s: %s", h.worker_id, epoch, lease.request_id, outcome, value)
+        req = self.sched.requests.get(lease.request_id)
+        # A broken group (a dead or hung peer) or a stop regroups; the request's own failure, a
+        # hung worker, or a group that keeps breaking (more re-forms than runtime.max_attempts,
+        # e.g. a step that raises every time) is failed on the queue, which retries it or
+        # dead-letters it as it does any failing request.
+        fail = outcome in ("error", "timeout") or (req is not None and req.attempts > self.rt.max_attempts)
+        held = self.leases.get(lease.request_id)
+        fail = fail and held is not None and held.attempt == lease.attempt
+        if fail:
+            self._drop(lease.request_id)  # the group's other members are told to leave
         self._do(self.sched.released(h.worker_id, epoch))
+        if fail:
+            await self._fail(lease, f"{outcome}: {value}")
         if outcome == "timeout":
             await h.kill()  # hung: its watcher restarts it
+
+    async def _fail(self, lease: m.LeaseGrant, reason: str) -> None:
+        assert self.agent.queue is not None
+        self.agent.stats["failed"] += 1
+        try:
+            await self.agent.queue.fail(lease.request_id, lease.attempt, self.pull_id, reason)
+        except GONE:
+            self.agent.stats["stale"] += 1
+        except ActorTimeout as e:  # unreported: the lease expires and the request retries
+            log.warning("fail of %s: %s", lease.request_id, e)
 
     async def _call(self, h: WorkerHandle, msg: m.WorkerRun):
         assert h.rpc is not None
         try:
             return "ok", await h.rpc.call(msg, timeout=self.rt.request_timeout_s)
-        except Preempted as e:
+        except (Preempted, GroupBroken) as e:
             return "left", e
         except ActorTimeout as e:
             return "timeout", e

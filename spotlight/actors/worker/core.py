@@ -59,7 +59,7 @@ from spotlight import work
 from spotlight.actors.store.client import TensorStoreClient
 from spotlight.actors.worker.sp import SpRank
 from spotlight.comm import messages as m
-from spotlight.errors import NotFound, Preempted, ProtocolError
+from spotlight.errors import GroupBroken, NotFound, Preempted, ProtocolError
 from spotlight.parallel.device import resolve_device
 from spotlight.recipe import Recipe
 
@@ -276,14 +276,15 @@ class WorkerCore:
 
     async def _sp(self, call):
         """An SP group's step or agreement, awaited: it runs off the loop's thread and may wait
-        on a peer. A failed collective raises; the first rank's commits so far are flushed
-        before it does, so the group that resumes the request finds them."""
+        on a peer. A failed collective raises ``GroupBroken`` (the agent regroups; anything else
+        is the request's failure); the first rank's commits so far are flushed before, so the
+        group that resumes the request finds them."""
         try:
             return await call
-        except Exception:
+        except Exception as e:
             with contextlib.suppress(Exception):
                 await self.store.flush()
-            raise
+            raise GroupBroken(f"{type(e).__name__}: {e}") from e
 
     async def _sealed(self, lease: m.LeaseGrant, meta: dict[str, Any]) -> m.RolloutResult | None:
         """The trajectory an earlier attempt sealed (its worker died between the seal and the

@@ -12,8 +12,8 @@ process and the same weights.
 Inside a group every denoising step runs on one persistent compute thread (``rank.compute``), so
 the worker's event loop still answers status, stop and leave while a step waits in a collective
 on a dead or hung peer; the collective fails when the peer's sockets close (a SIGKILL) or after
-the timeout (a hung peer), and the step raises. A worker running alone keeps computing on the
-loop's thread, exactly as before.
+the timeout (a hung peer), and the step raises ``GroupBroken`` (``WorkerCore``). A worker running
+alone keeps computing on the loop's thread, exactly as before.
 
 The agent breaks a group with ``WorkerLeave(epoch)``, and a spot notice stops a worker
 (``WorkerStop``); either reaches the ranks of a group at slightly different times, so before
@@ -35,6 +35,7 @@ from typing import TypeVar
 import torch
 
 from spotlight.comm import messages as m
+from spotlight.errors import GroupBroken
 
 T = TypeVar("T")
 
@@ -77,7 +78,10 @@ class SpRank:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="sp-compute")
             await self.compute(self._init_thread)
-        sp = await self.compute(lambda: self._open(group))
+        try:
+            sp = await self.compute(lambda: self._open(group))
+        except Exception as e:  # a peer that died before joining: the rendezvous times out
+            raise GroupBroken(f"opening SP group epoch {group.epoch}: {type(e).__name__}: {e}") from e
         try:
             yield
         finally:
