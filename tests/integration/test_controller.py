@@ -1,8 +1,11 @@
 """The controller's socket (in-process server, real ipc socket): registration hands a node what it
-needs, bad input gets an error reply and the controller keeps serving; the worker's ipc API
-(WorkerRun / WorkerStatus / WorkerStop) over a real socket with an in-process store."""
+needs, bad input gets an error reply and the controller keeps serving; a node declared lost or
+registering again has its leases re-queued at once; the worker's ipc API (WorkerRun /
+WorkerStatus / WorkerStop) over a real socket with an in-process store."""
 
 from __future__ import annotations
+
+import asyncio
 
 import msgpack
 import numpy as np
@@ -13,7 +16,11 @@ import zmq.asyncio
 from tiny_recipe import TINY_MODEL
 
 from spotlight.actors.controller.core import ControllerCore, controller_handlers
+from spotlight.actors.controller.service import Controller
+from spotlight.actors.queue.core import RequestQueueCore
+from spotlight.actors.queue.service import QueueService
 from spotlight.actors.store.client import TensorStoreClient
+from spotlight.actors.store.service import TensorStoreService
 from spotlight.actors.worker.core import WorkerCore
 from spotlight.actors.worker.service import worker_handlers
 from spotlight.comm import messages as m
@@ -66,6 +73,46 @@ async def test_register_and_bad_frames(tmp_path):
             assert core.nodes["n1"]["workers"] == 2
             await client.call(m.Deregister(node_id="n1", reason="test"))
             assert "n1" not in core.nodes and core.left[0]["reason"] == "test"
+
+
+async def test_lost_or_restarted_nodes_leases_requeued_at_once(tmp_path):
+    """A node registering again under its name (a restarted agent) has the old incarnation's
+    leases re-queued before it is answered; a silent node's are re-queued when it is declared
+    lost; both long before their 60 s leases would expire."""
+    recipe = load_recipe("tiny", [*TINY, "runtime.lease_s=60", "runtime.heartbeat_s=0.1",
+                                  "runtime.node_lost_s=2"])
+    queue = RequestQueueCore(recipe.runtime.queue())
+    released: asyncio.Queue = asyncio.Queue()
+    release_node = queue.release_node
+
+    def spy(node_id: str) -> list[str]:
+        ids = release_node(node_id)
+        released.put_nowait((node_id, ids))
+        return ids
+
+    queue.release_node = spy
+    job = m.RolloutWork(prompt="p", seeds=[1], version=0)
+    async with (
+        QueueService(queue, bind=f"ipc://{tmp_path}/q.sock") as q,
+        TensorStoreService(f"ipc://{tmp_path}/s.sock", shm=False) as s,
+    ):
+        core = ControllerCore(recipe, q.endpoint, s.endpoint)
+        async with (
+            Controller(core, bind=f"ipc://{tmp_path}/c.sock", queue=q.endpoint, store=s.endpoint,
+                       timeout=5) as ctl,
+            RpcClient(ctl.endpoint, timeout=5) as node,
+        ):
+            for name in ("a", "b"):
+                await node.call(m.Register(node_id=name, kind="spot", workers=1))
+            queue.submit([m.WorkRequest(request_id=r, batch="x", work=job) for r in ("ra", "rb")])
+            assert queue.pull("a/w0").request_id == "ra" and queue.pull("b/w0").request_id == "rb"
+            await node.call(m.Register(node_id="b", kind="spot", workers=1))  # b restarted
+            assert released.get_nowait() == ("b", ["rb"])  # before the reply
+            async with asyncio.timeout(10):  # no beats: both are declared lost (2 s + a sweep)
+                lost = dict([await released.get(), await released.get()])
+            assert lost == {"a": ["ra"], "b": []}  # b's new incarnation held nothing
+            assert queue.stats()["node_lost_requeued"] == 2 and queue.stats()["expired"] == 0
+            assert [x.get("requeued") for x in core.left if x["node_id"] == "a"] == [["ra"]]
 
 
 async def test_worker_api_over_ipc(tmp_path):

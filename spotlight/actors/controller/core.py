@@ -118,14 +118,14 @@ class ControllerCore:
         return lost
 
     def requeued(self, node_id: str, request_ids: list[str]) -> None:
-        """The queue re-queued ``request_ids``, the leases lost node ``node_id`` held: noted on
-        its record in ``left``."""
+        """The queue re-queued ``request_ids``, the leases node ``node_id`` held when it was lost
+        (or registered again): noted on its record in ``left``."""
         for record in reversed(self.left):
             if record["node_id"] == node_id:
                 record["requeued"] = request_ids
                 break
         if request_ids:
-            log.warning("node %s lost: %d leases re-queued (%s)", node_id, len(request_ids),
+            log.warning("node %s gone: %d leases re-queued (%s)", node_id, len(request_ids),
                         ", ".join(request_ids[:8]))
 
     def _leave(self, node_id: str, reason: str, event: str = "leave") -> None:

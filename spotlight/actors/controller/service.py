@@ -15,6 +15,7 @@ from typing import Any
 from spotlight.actors.controller.core import ControllerCore, controller_handlers
 from spotlight.actors.queue.client import QueueClient
 from spotlight.actors.store.client import TensorStoreClient
+from spotlight.comm import messages as m
 from spotlight.comm.auth import CurveClientKeys, CurveServerKeys
 from spotlight.comm.transport import RpcClient, RpcServer
 from spotlight.errors import ActorDead, ActorTimeout, SpotlightError
@@ -39,8 +40,9 @@ class Controller:
 
     async def __aenter__(self) -> Controller:
         async with contextlib.AsyncExitStack() as stack:
+            handlers = {**controller_handlers(self.core), m.Register: self._register}
             server = await stack.enter_async_context(
-                RpcServer(controller_handlers(self.core), bind=self._bind, curve=self._curve))
+                RpcServer(handlers, bind=self._bind, curve=self._curve))
             self.endpoint = server.endpoint
             rpc = await stack.enter_async_context(
                 RpcClient(self._queue_ep, timeout=self._timeout, curve=self._client_curve))
@@ -60,6 +62,16 @@ class Controller:
             await asyncio.sleep(self.core.sweep_s)
             for node_id in self.core.sweep():
                 await self._requeue(node_id)
+
+    async def _register(self, msg: m.Register) -> m.Registered:
+        """A node registering under a name still registered is a restarted agent (the old one
+        left without a goodbye, or gave up on the queue): the old incarnation's leases go back
+        to the queue before the new one is answered, so none of the new one's leases can be."""
+        again = msg.node_id in self.core.nodes
+        reply = self.core.register(msg)
+        if again:
+            await self._requeue(msg.node_id)
+        return reply
 
     async def _requeue(self, node_id: str) -> None:
         assert self.queue is not None
