@@ -6,12 +6,16 @@ a cold replacement, from the kill to the resumed request's first step in the ten
 One LocalRuntime (queue, store, controller, one node agent with three workers, runtime.sp_degree
 = 2: one group and a spare; the same 6-step rollout of a 2-layer, 4-head DiT with 64 image tokens
 as bench/elastic_sp.py), rounds interleaved:
-- **regroup**: at step >= 2 the group's rank-1 worker is SIGKILLed; the agent sees the death, the
-  survivor comes out of its collective, the scheduler re-forms the request at a new epoch with the
-  spare (no restart, no reload), and the new group's rank 0 commits its first step.
-- **cold**: the rank-1 worker and the spare are SIGKILLed together, so the survivor's group waits
-  for a restarted worker (process, imports, model build, weights from the store), as a system that
+- **regroup**: at step >= 2 the group's rank 0 (the worker that commits) is SIGKILLed; the agent
+  sees the death, the survivor comes out of its collective, the scheduler re-forms the request at
+  a new epoch with the spare (no restart, no reload), and the new group's rank 0 reads the newest
+  commit from the store and commits its first step.
+- **cold**: rank 0 and the spare are SIGKILLed together, so the survivor's group waits for a
+  restarted worker (process, imports, model build, weights from the store), as a system that
   cannot regroup from warm processes does.
+The injected slow device (``SPOTLIGHT_WORKER_STEP_DELAY_S``) makes rank 0 wait after each commit,
+so at the kill rank 1 is waiting in the next step's collective, as a peer of a slower rank does
+(killing rank 1 instead would add the rest of rank 0's injected wait to the measurement).
 Measured from the kill to the first store commit made by the new group (the commit's meta names
 its group; polled every ~2 ms), and every resumed trajectory is checked bit-identical to the
 uninterrupted one. Prints one table.
@@ -20,6 +24,7 @@ uninterrupted one. Prints one table.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import signal
 import statistics
@@ -81,27 +86,41 @@ def all_ready(rt, timeout: float = 300) -> dict[str, tuple[int, str]]:
     raise RuntimeError("workers not ready")
 
 
-def trial(rt, rid: str, cold: bool, reference: dict) -> float:
+def logged(rt, rid: str, text: str) -> float | None:
+    """Wall time of the agent's first log line about ``rid`` containing ``text``."""
+    for line in (rt.log_dir / "agent-reserved.log").read_text().splitlines():
+        if f"of {rid}:" in line or f"{rid} resumes" in line:
+            if text in line:
+                stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                return stamp.timestamp()
+    return None
+
+
+def trial(rt, rid: str, cold: bool, reference: dict) -> dict[str, float]:
     before = all_ready(rt)
     rt.call(rt.queue.submit([m.WorkRequest(request_id=rid, batch=rid, work=JOB)]))
     while (held := rt.call(rt.store.get_commit(rid))) is None or held[0] < 2:
         time.sleep(0.002)
     group = held[2]["group"]
-    victims = [group[1]] + ([w for w in before if w not in group] if cold else [])
-    t_kill = time.monotonic()
+    victims = [group[0]] + ([w for w in before if w not in group] if cold else [])
+    t_kill, wall_kill = time.monotonic(), time.time()
     for v in victims:
         os.kill(before[v][0], signal.SIGKILL)
-    while (held := rt.call(rt.store.get_commit(rid))) is None or held[2].get("group") == group:
+    while (held := rt.call(rt.store.get_commit(rid))) is not None and held[2].get("group") == group:
         if time.monotonic() - t_kill > 300:
             raise RuntimeError(f"{rid}: no resumed commit")
         time.sleep(0.002)
+    if held is None:  # sealed between two polls: the measurement missed the first resumed step
+        raise RuntimeError(f"{rid}: finished before its first resumed commit was seen; raise the step delay")
     elapsed = time.monotonic() - t_kill
     (result,) = rt.call(rt.queue.wait_batch(rid, 300), timeout=320).results
     traj, _ = rt.call(rt.store.get(result.key))
     same = all(torch.equal(torch.from_numpy(traj[k].copy()), reference[k]) for k in ("latents", "log_probs"))
     if not same:
         raise AssertionError(f"{rid}: resumed trajectory differs from the uninterrupted one")
-    return elapsed
+    released, formed = logged(rt, rid, "left epoch"), logged(rt, rid, "resumes on a new group")
+    return {"total": elapsed, "released": released - wall_kill if released else float("nan"),
+            "formed": formed - wall_kill if formed else float("nan")}
 
 
 def main() -> None:
@@ -111,7 +130,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["SPOTLIGHT_WORKER_STEP_DELAY_S"] = "0.05"  # steps long enough to kill between
+    # Rank 0 waits this long after each commit (not before it: the first resumed commit is not
+    # delayed), so a kill lands between steps and the poll sees each commit.
+    os.environ["SPOTLIGHT_WORKER_STEP_DELAY_S"] = "0.3"
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or tmp
         recipe = load_recipe("tiny", [*OVERRIDES, f'run.out_dir="{out}"'])
@@ -127,16 +148,20 @@ def main() -> None:
             (ref,) = rt.call(rt.queue.wait_batch("ref", 300), timeout=320).results
             traj, _ = rt.call(rt.store.get(ref.key))
             reference = {k: torch.from_numpy(traj[k].copy()) for k in ("latents", "log_probs")}
-            times: dict[str, list[float]] = {"regroup": [], "cold": []}
+            runs: dict[str, list[dict[str, float]]] = {"regroup": [], "cold": []}
             for i in range(args.trials):
                 for kind in ("regroup", "cold"):
                     t = trial(rt, f"{kind}{i}", kind == "cold", reference)
-                    times[kind].append(t)
-                    print(f"  {kind} {i}: {t:.3f} s", flush=True)
+                    runs[kind].append(t)
+                    print(f"  {kind} {i}: " + ", ".join(f"{k} {v:.3f} s" for k, v in t.items()), flush=True)
+    times = {kind: [t["total"] for t in r] for kind, r in runs.items()}
+    med = lambda kind, key: statistics.median(t[key] for t in runs[kind])  # noqa: E731
     regroup, cold = statistics.median(times["regroup"]), statistics.median(times["cold"])
     rows = [
         ("regroup with a warm spare: kill -> new group's first commit (median)", f"{regroup:.3f} s",
          " ".join(f"{t:.3f}" for t in times["regroup"])),
+        ("  kill -> survivor out of its collective / new group formed (agent log, ms)",
+         f"{med('regroup', 'released'):.3f} / {med('regroup', 'formed'):.3f} s", ""),
         ("cold replacement: kill -> new group's first commit (median)", f"{cold:.3f} s",
          " ".join(f"{t:.3f}" for t in times["cold"])),
         ("cold / regroup", f"{cold / regroup:.1f}x", ""),

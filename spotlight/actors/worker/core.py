@@ -114,7 +114,7 @@ class WorkerCore:
         self.attempt = 0
         self.committed_step: int | None = None
         self._stop = False
-        self.sp = SpRank(self.model, recipe.runtime.sp_timeout_s)
+        self.sp = SpRank(self.model, recipe.runtime.sp_timeout_s, warm=recipe.runtime.sp_degree > 1)
         self._idle = asyncio.Event()
         self._idle.set()
 

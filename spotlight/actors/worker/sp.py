@@ -41,12 +41,25 @@ T = TypeVar("T")
 
 
 class SpRank:
-    def __init__(self, model, timeout_s: float) -> None:
+    """``warm``: this worker will run in groups (``runtime.sp_degree`` > 1), so the compute thread
+    and the SP modules are made ready now, at start-up, not in a regroup's critical path (a spare's
+    first group once spent ~0.1 s importing them)."""
+
+    def __init__(self, model, timeout_s: float, warm: bool = False) -> None:
         self.model, self.timeout_s = model, timeout_s
         self._pool: ThreadPoolExecutor | None = None
         self._comms = None  # spotlight.parallel.comms.Communicators, per rendezvous port
         self._group = None  # the open epoch's process group
         self._left: set[int] = set()
+        if warm:
+            import diffusers.models.attention_dispatch  # noqa: F401 - the processor's lazy imports
+            import diffusers.models.transformers.transformer_qwenimage  # noqa: F401
+
+            import spotlight.parallel.comms  # noqa: F401
+            import spotlight.parallel.ulysses  # noqa: F401
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="sp-compute")
+            self._pool.submit(self._init_thread).result()
 
     def leave(self, epoch: int) -> None:
         self._left.add(epoch)
