@@ -13,6 +13,12 @@ not at the next heartbeat. The agent never restarts a survivor: a regroup is a n
 same processes. One thread, one poll loop: every wait is bounded by the caller's timeout.
 
 This shell knows processes, sockets and files; the decisions are the scheduler's.
+
+It is a standalone harness (bench/elastic_sp.py, bench/gpu_check.py, tests/faults/test_elastic_sp.py:
+regroup timing against a cold restart, peer weight copies, NCCL groups) with members that commit to
+files. A run's node agent does not use it: with ``runtime.sp_degree`` > 1 the agent drives the same
+``GroupScheduler`` over its ordinary workers (``spotlight.actors.node.sp``), which commit to the
+tensor store.
 """
 
 from __future__ import annotations

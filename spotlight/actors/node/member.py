@@ -14,6 +14,10 @@ A member never restarts for a regroup.
 The compute thread talks to the control loop through an inproc socket (ZeroMQ sockets are not
 shared between threads). This module is the process shell; the scheduling decisions are in
 `spotlight.actors.node.groups` (in the agent).
+
+The member is `group_shell`'s (the benchmark's harness, commits to files). In a run, SP groups are
+made of ordinary workers (`spotlight.actors.worker.sp`: the same per-epoch communicators, the same
+processor, a compute thread), so a group's rollout is the lone worker's code and commit protocol.
 """
 
 from __future__ import annotations
