@@ -1,6 +1,9 @@
 """The tiny model and sampler the runtime tests share: overrides of the demo recipe that make a
 request take milliseconds and pin every sampler field, so a test does not depend on the demo's
-sampler (`from tiny_recipe import TINY_MODEL`; tests/ is on sys.path through its conftest)."""
+sampler or objective (`from tiny_recipe import TINY_MODEL`; tests/ is on sys.path through its
+conftest). The runtime tests were written against the policy-gradient objective with a shared x_1
+per group (lr 1e-4, KL β=30, no warm-up); the demo recipe now trains with advantage-weighted
+matching on near-ODE rollouts, so those are pinned here too."""
 
 TINY_MODEL = [
     "model.checkpoint=none",
@@ -12,4 +15,10 @@ TINY_MODEL = [
     "sampler.steps=3",
     "sampler.sde_steps=none",
     'sampler.sde_type="flow"',
+    "sampler.noise_level=0.7",
+    "sampler.shared_init=true",
+    'grpo.objective="grpo"',
+    "grpo.lr=1e-4",
+    "grpo.beta=30.0",
+    "grpo.warmup_iterations=0",
 ]
