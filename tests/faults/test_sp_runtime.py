@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -184,6 +186,19 @@ def test_a_request_that_fails_in_a_group_is_failed_on_the_queue_not_regrouped(ru
     assert done.dead == ["bad/0"] and done.results == [None]  # failed max_attempts times, dead-lettered
     assert "bad/0 resumes on a new group" not in (rt.log_dir / "agent-reserved.log").read_text() + \
         (rt.log_dir / "agent-spot.log").read_text()
+
+
+def test_a_node_with_fewer_workers_than_sp_degree_leaves_with_one_line(runtime):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SPOTLIGHT_DIE_WITH_PARENT": "1"}
+    agent = subprocess.run(
+        [sys.executable, "-m", "spotlight.actors.node", "--controller", runtime.controller.endpoint,
+         "--workers", "1", "--node-id", "small-node"],
+        capture_output=True, text=True, env=env, timeout=60)
+    assert agent.returncode == 2
+    lines = [line for line in agent.stderr.splitlines() if "error" in line]
+    assert lines == ["node agent: error: runtime.sp_degree (2) is more than the workers a node has "
+                     "(node small-node's workers = 1)"], agent.stderr
+    assert "small-node" not in runtime.controller.core.nodes  # it said goodbye, not left as lost
 
 
 def test_notice_stops_the_group_at_one_step_releases_and_another_group_resumes(runtime):

@@ -187,7 +187,14 @@ class NodeAgent:
         """Serve one run epoch of the reserved side: its queue, its store, fresh workers."""
         c = self.config
         self.runtime = RuntimeConfig(**{**reg.recipe.get("runtime", {}), **c.runtime})
-        self.runtime.check_node_workers(c.workers, f"node {c.node_id}'s workers")
+        try:  # the run's sp_degree is learnt here: a node too small for one group leaves at once
+            self.runtime.check_node_workers(c.workers, f"node {c.node_id}'s workers")
+        except ConfigError:
+            assert self._ctl is not None
+            with contextlib.suppress(SpotlightError):
+                await self._ctl.call(m.Deregister(node_id=c.node_id, reason="leaving"),
+                                     timeout=self.runtime.deregister_s)
+            raise
         # Workers run by the same knobs (their leave share, their store timeout).
         self.store, self._epoch = reg.store, reg.epoch
         self.recipe = {**reg.recipe, "runtime": dataclasses.asdict(self.runtime)}
