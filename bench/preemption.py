@@ -1,7 +1,7 @@
 """Preemption cost: one spot trace, one model, per-step commits against naive_spot, beside a run
 with the same spot capacity and no preemption, side by side in one invocation.
 
-    .venv/bin/python bench/preemption.py --iterations 16
+    .venv/bin/python bench/preemption.py --iterations 24 --trace-hour-s 10
 
 Three real runs (``run.mode = "runtime"``, the tiny model on this machine's CPUs, exploration off
 in all three so only preemption handling differs):
@@ -13,6 +13,12 @@ in all three so only preemption handling differs):
   ``--hard-kill`` of them, SIGKILL; a preempted request resumes from its last committed step;
 - ``naive_spot``: the same, with ``runtime.step_commits = false``: a preempted request restarts
   from scratch.
+
+CPU affinity: the trainer, the queue, the store and the reserved worker on CPU 0, every spot node
+(its agent and workers) on CPU 1 (``LocalRuntime.spot_cpus``), so spot work and the trainer do not
+take each other's CPU and the three runs see the same split. The replay's second 0 is the run's
+first iteration (``LocalRuntime``), so a slow start-up does not use up the trace; pick
+``--trace-hour-s`` so the trace outlasts the runs (the AWS trace from 21529 s is 24.5 trace hours).
 
 Printed per run: iterations, seconds per iteration (and the ratio to no_preemption), preemptions,
 requests resumed / re-run from scratch, denoising steps lost (in all and per preemption), cost
@@ -28,6 +34,8 @@ import json
 import os
 import sys
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -60,6 +68,7 @@ def run(mode: str, args, out: Path) -> dict:
         if mode == "naive_spot":
             spot.append("runtime.step_commits=false")
     exp = Experiment(load_recipe("tiny", [*common, *spot]))
+    exp.runtime_options = {"spot_cpus": {1}}  # this process (and what it starts) is on CPU 0
     exp.run(progress=False)
     iters = [r for r in exp.records if r["event"] == "iteration"]
     last = iters[-1]
@@ -78,12 +87,12 @@ def run(mode: str, args, out: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--iterations", type=int, default=16)
+    p.add_argument("--iterations", type=int, default=24)
     p.add_argument("--prompts", type=int, default=4, help="prompts (requests) per iteration")
     p.add_argument("--steps", type=int, default=8, help="denoising steps per request")
     p.add_argument("--step-delay", type=float, default=0.1, help="seconds a worker waits after each step")
     p.add_argument("--trace", default=None, help="trace file (default: the shared AWS trace, else synthetic)")
-    p.add_argument("--trace-hour-s", type=float, default=2.4, help="run seconds per trace hour")
+    p.add_argument("--trace-hour-s", type=float, default=10.0, help="run seconds per trace hour")
     p.add_argument("--factor", type=float, default=0.2, help="local spot nodes per trace node")
     p.add_argument("--spot-workers", type=int, default=2, help="no_preemption's static spot workers")
     p.add_argument("--hard-kill", type=float, default=0.2, help="share of removals that are SIGKILLs")
@@ -91,6 +100,8 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench_preemption")
     args = p.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
+    os.sched_setaffinity(0, {0})  # the trainer and the reserved side; spot nodes go to CPU 1
+    torch.set_num_threads(1)
     os.environ["SPOTLIGHT_WORKER_STEP_DELAY_S"] = str(args.step_delay)  # a slow device
     out = Path(args.out)
     rows = [run(mode, args, out) for mode in ("no_preemption", "step_commits", "naive_spot")]

@@ -27,6 +27,8 @@ class Experiment:
         self.records: list[dict] = []
         self.loop = None
         self.runtime = None
+        self.runtime_options: dict = {}
+        """Keyword arguments of the ``LocalRuntime`` a runtime run starts (benches: ``spot_cpus``)."""
 
     def on_metrics(self, hook: Callable[[dict], None]) -> None:
         """Call `hook(record)` for every metrics record (iteration, eval) as it is written."""
@@ -55,7 +57,7 @@ class Experiment:
         if r.reserved_workers + r.spot_workers < 1:
             raise ConfigError("run.mode=\"runtime\" on one machine needs a worker: "
                               "runtime.reserved_workers + runtime.spot_workers >= 1")
-        with LocalRuntime(self.recipe) as self.runtime:
+        with LocalRuntime(self.recipe, **self.runtime_options) as self.runtime:
             hooks.insert(0, self.runtime.metrics_hook)  # spot fields on every iteration record
             self.loop = Loop(self.recipe, executor=self.runtime.executor, resume=resume, hooks=hooks,
                              progress=progress)

@@ -28,12 +28,14 @@ Children also die with this process (PR_SET_PDEATHSIG) if it is killed outright.
 Spot capacity (the recipe's ``[spot]``): with ``spot.trace`` set, the local spot nodes are the
 trace's, replayed by a ``FaultInjector`` (``spotlight.spot.injector``): nodes present at run second
 0 start with the runtime, later ones come and go while the run goes on (``add_node``,
-``signal_node``: a notice or a SIGKILL), and ``runtime.spot_workers`` is not used. A spot agent's
-exit, of any status, is a node leaving, never the run's failure. The trace is read (or drawn)
-before anything starts: a bad one is one ``ConfigError`` line. ``account`` (``SpotAccount``)
-counts GPU-seconds and dollars per node class from the controller's join, leave and lost events,
-preemptions, and, from the workers' step log (``<logs>/steps.log``), requests resumed or re-run
-and steps lost; ``metrics_hook`` puts those on every iteration's metrics record.
+``signal_node``: a notice or a SIGKILL), and ``runtime.spot_workers`` is not used. Run second 0
+of the replay is the run's start, the first ``executor`` (the trainer ready to roll out), not the
+runtime's: the machine's start-up (cold workers, the trainer's model) never eats into the trace.
+A spot agent's exit, of any status, is a node leaving, never the run's failure. The trace is
+read (or drawn) before anything starts: a bad one is one ``ConfigError`` line. ``account``
+(``SpotAccount``) counts GPU-seconds and dollars per node class from the controller's join, leave
+and lost events, preemptions, and, from the workers' step log (``<logs>/steps.log``), requests
+resumed or re-run and steps lost; ``metrics_hook`` puts those on every iteration's metrics record.
 
 This module knows processes and addresses; the protocols live in the actors it starts.
 """
@@ -76,7 +78,7 @@ class LocalRuntime:
     to bind and advertise under ``runtime.transport = "tcp"`` (and the CURVE keys, any transport)."""
 
     def __init__(self, recipe: Recipe, *, serve: ServeConfig | None = None,
-                 log_dir: str | os.PathLike | None = None) -> None:
+                 log_dir: str | os.PathLike | None = None, spot_cpus: set[int] | None = None) -> None:
         self.recipe, self.config = recipe, recipe.runtime
         self.serve = serve or ServeConfig(host="127.0.0.1", port=0)
         self.log_dir = Path(log_dir) if log_dir else Path(recipe.run.out_dir) / recipe.run.name / "logs"
@@ -87,6 +89,9 @@ class LocalRuntime:
         self.account = SpotAccount(recipe.spot.cost_config(), self.log_dir / "steps.log",
                                    trace_spot_price=self.replay.trace.spot_price if self.replay else None)
         self.injector: FaultInjector | None = None
+        self.spot_cpus = spot_cpus
+        """One-machine benches: the CPUs every local spot node's agent (and the workers it starts)
+        is confined to, so spot work does not share the trainer's CPUs; None: no affinity."""
         self._agent_cmd: list[str] = []
         self.bg: BackgroundLoop | None = None
         self.controller: Controller | None = None
@@ -164,6 +169,7 @@ class LocalRuntime:
                 self.agents[kind] = self._spawn(f"agent-{kind}", cmd, "agent ready ")
                 if kind == "spot":
                     self._spot.add(kind)
+                    self._pin(self.agents[kind])
         if self.replay is not None:
             sp = self.recipe.spot
             log.warning("%s", self.replay.describe())
@@ -174,8 +180,6 @@ class LocalRuntime:
             self.injector.play_initial()  # the nodes present at run second 0 start with the runtime
         for child in list(self.agents.values()):
             self._ready(child, c.agent_start_s)
-        if self.injector is not None:
-            self.injector.start()
 
     def _spawn(self, name: str, cmd: list[str], ready: str) -> procs.Child:
         env = {STEP_LOG_ENV: str(self.log_dir / "steps.log")}  # workers inherit it from their agent
@@ -193,8 +197,18 @@ class LocalRuntime:
                    "--node-id", node_id, *(["--metadata-url", metadata_url] if metadata_url else [])]
             self._spot.add(node_id)
             child = self.agents[node_id] = self._spawn(f"agent-{node_id}", cmd, "agent ready ")
+            self._pin(child)
         if wait:
             self._ready(child, self.config.agent_start_s)
+
+    def _pin(self, agent: procs.Child) -> None:
+        """A spot agent onto ``spot_cpus``, just spawned: it starts its workers only after it has
+        imported and registered, so they inherit the affinity."""
+        if self.spot_cpus:
+            try:
+                os.sched_setaffinity(agent.pid, self.spot_cpus)
+            except ProcessLookupError:  # it died at once: its watcher reports that
+                pass
 
     def signal_node(self, node_id: str, sig: int) -> bool:
         """Send ``sig`` to spot node ``node_id``'s agent (SIGTERM: a spot notice; SIGKILL: gone
@@ -290,6 +304,8 @@ class LocalRuntime:
         """The driver's executor factory: an executor over this runtime with ``model``'s weights
         published as ``version`` (the weights the run starts from)."""
         assert self.controller is not None and self.bg is not None, "LocalRuntime is not started"
+        if self.injector is not None and not self.injector.started:
+            self.injector.start()  # run second 0 of the replay: the run starts now
         c = self.config
         nodes = self.controller.core.nodes  # the registry: nodes join and leave during a run
 
