@@ -1,18 +1,15 @@
 """Preemption through the real runtime (processes over ipc): a SIGKILLed worker's request resumes
 elsewhere from its last commit, bit-identical; a SIGTERMed node agent commits, releases and exits
 within its leave budget (``runtime.leave_s``, 2 s); a spot notice from a (fake, local) metadata
-endpoint does the same; nothing is left."""
+endpoint (the fault injector's ``MetadataServer``) does the same; nothing is left."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import torch
@@ -23,6 +20,7 @@ from spotlight.actors.runtime import LocalRuntime
 from spotlight.comm import messages as m
 from spotlight.policy.sampler import sde_rollout
 from spotlight.recipe import load_recipe
+from spotlight.spot.injector import MetadataServer
 from spotlight.work import policy_model as build_policy_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -127,52 +125,23 @@ def test_sigkilled_worker_resumes_elsewhere_bit_identical(runtime):
     )
 
 
-class FakeMetadata(BaseHTTPRequestHandler):
-    notice: dict[str, bool] = {"aws": False, "gcp": False}
-
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        if self.path.endswith("/spot/instance-action"):
-            if not self.notice["aws"]:
-                self.send_error(404)
-                return
-            body = json.dumps({"action": "terminate", "time": "2026-01-01T00:00:00Z"}).encode()
-        elif self.path.endswith("/instance/preempted"):
-            body = b"TRUE" if self.notice["gcp"] else b"FALSE"
-        else:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def metadata():
-    server = HTTPServer(("127.0.0.1", 0), FakeMetadata)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    FakeMetadata.notice.update(aws=False, gcp=False)
-    yield f"http://127.0.0.1:{server.server_port}", FakeMetadata.notice
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+    """The injector's own metadata endpoint (the cloud's forms, one path per node)."""
+    server = MetadataServer()
+    yield server
+    server.close()
 
 
 def test_spot_notice_forms(metadata):
-    url, notice = metadata
-    aws, gcp = f"{url}/latest/meta-data/spot/instance-action", f"{url}/computeMetadata/v1/instance/preempted"
+    aws, gcp = metadata.url("n1", "aws"), metadata.url("n1", "gcp")
     assert spot_notice(aws, timeout=5) is None and spot_notice(gcp, timeout=5) is None
-    notice.update(aws=True, gcp=True)
+    metadata.noticed.add("n1")
     assert spot_notice(aws, timeout=5) == "aws terminate" and spot_notice(gcp, timeout=5) == "gcp preempted"
     assert spot_notice("http://127.0.0.1:9/unreachable", timeout=0.2) is None
 
 
 def test_metadata_notice_makes_agent_leave(runtime, metadata):
-    url, notice = metadata
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SPOTLIGHT_DIE_WITH_PARENT": "1"}
     agent = subprocess.Popen(
         [
@@ -188,7 +157,7 @@ def test_metadata_notice_makes_agent_leave(runtime, metadata):
             "--metadata-poll-s",
             "0.1",
             "--metadata-url",
-            f"{url}/latest/meta-data/spot/instance-action",
+            metadata.url("meta-node", "aws"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -200,7 +169,7 @@ def test_metadata_notice_makes_agent_leave(runtime, metadata):
         workers = descendants(agent.pid)
         assert len(workers) == 1 and "meta-node" in runtime.controller.core.nodes
         t0 = time.monotonic()
-        notice["aws"] = True
+        metadata.noticed.add("meta-node")
         leave_s = runtime.config.leave_s
         assert agent.wait(leave_s + 10) == 0
         assert time.monotonic() - t0 < leave_s + 0.1 + EXIT_HEADROOM_S  # budget + one poll period
