@@ -1,7 +1,7 @@
 """Preemption cost: one spot trace, one model, per-step commits against naive_spot, beside a run
 with the same spot capacity and no preemption, side by side in one invocation.
 
-    .venv/bin/python bench/preemption.py --iterations 24 --trace-hour-s 10
+    .venv/bin/python bench/preemption.py --iterations 16 --prompts 8 --steps 20 --trace-hour-s 6
 
 Three real runs (``run.mode = "runtime"``, the tiny model on this machine's CPUs, exploration off
 in all three so only preemption handling differs):
@@ -18,7 +18,9 @@ CPU affinity: the trainer, the queue, the store and the reserved worker on CPU 0
 (its agent and workers) on CPU 1 (``LocalRuntime.spot_cpus``), so spot work and the trainer do not
 take each other's CPU and the three runs see the same split. The replay's second 0 is the run's
 first iteration (``LocalRuntime``), so a slow start-up does not use up the trace; pick
-``--trace-hour-s`` so the trace outlasts the runs (the AWS trace from 21529 s is 24.5 trace hours).
+``--trace-hour-s`` so the trace spans the runs (the AWS trace from 21529 s is 24.5 trace hours),
+and enough work per iteration (``--prompts``, ``--steps``) that spot workers are busy most of the
+time: a preemption of an idle node loses nothing in either mode and measures nothing.
 
 Printed per run: iterations, seconds per iteration (and the ratio to no_preemption), preemptions,
 requests resumed / re-run from scratch, denoising steps lost (in all and per preemption), cost
@@ -87,12 +89,12 @@ def run(mode: str, args, out: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--iterations", type=int, default=24)
-    p.add_argument("--prompts", type=int, default=4, help="prompts (requests) per iteration")
-    p.add_argument("--steps", type=int, default=8, help="denoising steps per request")
+    p.add_argument("--iterations", type=int, default=16)
+    p.add_argument("--prompts", type=int, default=8, help="prompts (requests) per iteration")
+    p.add_argument("--steps", type=int, default=20, help="denoising steps per request")
     p.add_argument("--step-delay", type=float, default=0.1, help="seconds a worker waits after each step")
     p.add_argument("--trace", default=None, help="trace file (default: the shared AWS trace, else synthetic)")
-    p.add_argument("--trace-hour-s", type=float, default=10.0, help="run seconds per trace hour")
+    p.add_argument("--trace-hour-s", type=float, default=6.0, help="run seconds per trace hour")
     p.add_argument("--factor", type=float, default=0.2, help="local spot nodes per trace node")
     p.add_argument("--spot-workers", type=int, default=2, help="no_preemption's static spot workers")
     p.add_argument("--hard-kill", type=float, default=0.2, help="share of removals that are SIGKILLs")
