@@ -272,18 +272,29 @@ class GroupServer:
     # --- members come and go -----------------------------------------------------------------------
     async def _watch(self, h: WorkerHandle) -> None:
         """A member's process exit is a scheduler event; the agent restarts it (it joins again)."""
-        agent = self.agent
+        from spotlight.actors.node.core import RESTART_TRIES
+
+        agent, failed_starts = self.agent, 0
         while True:
             assert h.proc is not None
             code = await h.proc.wait()
-            agent.stats["worker_deaths"] += 1
-            log.warning("%s died (exit %s)", h.worker_id, code)
-            self._do(self.sched.died(h.worker_id, f"exit {code}"))
-            self.killing.discard(h.worker_id)
+            if not failed_starts:
+                agent.stats["worker_deaths"] += 1
+                log.warning("%s died (exit %s)", h.worker_id, code)
+                self._do(self.sched.died(h.worker_id, f"exit {code}"))
+                self.killing.discard(h.worker_id)
             await h.kill()  # reap, close its client
             if agent.leaving.is_set():
                 return
-            await agent._start(h)
+            try:
+                await agent._start(h)
+            except SpotlightError as e:  # killed again while starting: retried, as the slots do
+                failed_starts += 1
+                if failed_starts >= RESTART_TRIES:
+                    raise
+                log.warning("%s: %s", h.worker_id, e)
+                continue
+            failed_starts = 0
             self._do(self.sched.join(h.worker_id))
 
     async def _tick(self) -> None:
