@@ -164,7 +164,7 @@ class NodeAgent:
             curve = cluster_client_keys(c.keys) if c.keys else None
             async with RpcClient(c.controller, timeout=self.runtime.rpc_timeout_s, curve=curve) as ctl:
                 self._ctl = ctl
-                reg = await ctl.call(m.Register(node_id=c.node_id, kind=c.kind, workers=c.workers))
+                reg = await self._join(ctl)
                 while reg is not None:  # one session per run epoch of the reserved side
                     await self._session(reg, sock_dir, curve, notice)
                     reg, self._next = self._next, None
@@ -182,6 +182,19 @@ class NodeAgent:
                                 asyncio.get_running_loop().time() - self._notice_at)
         finally:
             shutil.rmtree(sock_dir, ignore_errors=True)
+
+    async def _join(self, ctl: RpcClient) -> m.Registered:
+        """The first registration. A reserved side still starting (its controller not listening
+        yet, slow on a loaded machine) is asked again for up to ``queue_lost_s``."""
+        c, loop = self.config, asyncio.get_running_loop()
+        deadline = loop.time() + self.runtime.queue_lost_s
+        while True:
+            try:
+                return await ctl.call(m.Register(node_id=c.node_id, kind=c.kind, workers=c.workers))
+            except ActorTimeout as e:
+                if loop.time() >= deadline:
+                    raise
+                log.warning("%s; asking again (the reserved side may still be starting)", e)
 
     async def _session(self, reg: m.Registered, sock_dir: str, curve, notice: asyncio.Event) -> None:
         """Serve one run epoch of the reserved side: its queue, its store, fresh workers."""
@@ -400,8 +413,8 @@ class NodeAgent:
                     self.lost = "the reserved side restarted"
                     self._session_end.set()
                     return
-            except ActorTimeout as e:
-                log.warning("node heartbeat: %s", e)
+            except ActorTimeout as e:  # a late reply (a busy controller); the beat itself arrived
+                log.info("node heartbeat: %s", e)
 
     async def _complete(self, worker_id: str, lease: m.LeaseGrant, result: m.WorkResult) -> None:
         assert self.queue is not None
