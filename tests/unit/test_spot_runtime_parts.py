@@ -190,7 +190,8 @@ def test_resume_without_a_checkpoint_is_one_line_and_starts_nothing(tmp_path, ca
     from spotlight.cli import main
 
     extra = {"run": ['run.mode="runtime"'], "run in-process": [], "reserved": ["--port", "0"]}[command]
-    code = main([command.split()[0], "tiny", f'run.out_dir="{tmp_path}"', *extra, "--resume", "--no-progress"])
+    argv = [command.split()[0], "tiny", f'run.out_dir="{tmp_path}"', *extra, "--resume", "--no-progress"]
+    code = main(argv)
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and "--resume: no checkpoint in" in err, err
     assert list(tmp_path.iterdir()) == []  # nothing was started, nothing written
