@@ -408,11 +408,11 @@ def test_spot_host_with_unknown_key_is_refused(hosts, procs, tmp_path):
     intruder = start_spot(procs, hosts, endpoint, intruder_keys, node)
     key = load_public_key(intruder_keys / "node.key").decode()
     reserved.wait_line("stderr", rf"CURVE: refused client key {re.escape(key)}", START_S)
-    # The agent's Register gets no reply (rpc timeout 10 s): it gives up with one clear line.
+    # The agent's Register gets no reply (asked again for queue_lost_s, the reserved side may be
+    # starting; the refused handshake leaves later asks unsent): it gives up with one clear line.
     assert intruder.wait(START_S) == 2, intruder.tail()
-    assert re.search(r"spotlight: error: Register to tcp://\S+: no reply within", intruder.text("stderr")), (
-        intruder.tail()
-    )
+    line = r"spotlight: error: Register to tcp://\S+: (no reply|not sent) within .*accept this node's key\?\)"
+    assert re.search(line, intruder.text("stderr")), intruder.tail()
     assert "agent ready" not in intruder.text("stdout")
     assert intruder.left() == []
     assert reserved.popen.poll() is None, reserved.tail()  # the reserved host runs on, unharmed

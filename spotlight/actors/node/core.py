@@ -192,8 +192,11 @@ class NodeAgent:
             try:
                 return await ctl.call(m.Register(node_id=c.node_id, kind=c.kind, workers=c.workers))
             except ActorTimeout as e:
-                if loop.time() >= deadline:
-                    raise
+                if loop.time() >= deadline:  # one line that says what to check
+                    raise ActorTimeout(
+                        f"{e} (no answer for {self.runtime.queue_lost_s:g}s: is the reserved side up at "
+                        f"this address, and does it accept this node's key?)"
+                    ) from None
                 log.warning("%s; asking again (the reserved side may still be starting)", e)
 
     async def _session(self, reg: m.Registered, sock_dir: str, curve, notice: asyncio.Event) -> None:
