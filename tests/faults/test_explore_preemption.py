@@ -4,24 +4,14 @@ past the deadline, its prompt falls back to random seeds (counted), and the iter
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
+from polling import wait_for
 from tiny_recipe import TINY_MODEL
 
 from spotlight import Experiment, load_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-def wait_for(cond, timeout: float, what: str, every: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_spot_worker_killed_mid_exploration_costs_only_its_request(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ import time
 
 import pytest
 import torch
+from polling import wait_for
 from tiny_recipe import TINY_MODEL
 
 from spotlight.actors.procs import alive, descendants
@@ -50,17 +51,6 @@ OVERRIDES = [
     "runtime.heartbeat_s=0.3",
     f"runtime.node_lost_s={NODE_LOST_S}",
 ]
-
-
-def wait_for(cond, timeout: float, what: str, every: float = 0.02):
-    """Poll a condition on another process's state (no event exists for it), bounded."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+from polling import wait_for
 
 from spotlight.actors.node.core import spot_notice
 from spotlight.actors.procs import alive, descendants
@@ -50,16 +51,6 @@ SEEDS = [11, 12, 13, 14]
 # generous headroom, while a leave that waited out an RPC timeout (>= 10 s) still fails.
 EXIT_HEADROOM_S = 6.0
 PROMPT = "a red circle"
-
-
-def wait_for(cond, timeout: float, what: str, every: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

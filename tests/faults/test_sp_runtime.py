@@ -22,6 +22,7 @@ import time
 
 import pytest
 import torch
+from polling import wait_for
 
 from spotlight.actors.procs import alive, descendants
 from spotlight.actors.runtime import LocalRuntime
@@ -54,16 +55,6 @@ TINY = [
 ]
 SEEDS = [11, 12, 13, 14]
 PROMPT = "a red circle"
-
-
-def wait_for(cond, timeout: float, what: str, every: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import time
 
 import pytest
 import torch
+from polling import wait_for
 from tiny_recipe import TINY_MODEL
 
 from spotlight.actors.procs import alive, descendants
@@ -47,16 +48,6 @@ OVERRIDES = [
     f"runtime.node_lost_s={NODE_LOST_S}",
     "runtime.queue_lost_s=1.0",  # shorter than the freeze below: the freeze must not count
 ]
-
-
-def wait_for(cond, timeout: float, what: str, every: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from polling import wait_for
 from tiny_recipe import TINY_MODEL
 
 from spotlight.actors.procs import alive, descendants
@@ -43,15 +43,6 @@ def iterations(metrics: Path) -> list[int]:
     return [r["iteration"] for r in records if r["event"] == "iteration"]
 
 
-def wait_for(cond, timeout: float, what: str, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := cond():
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def test_reserved_side_killed_and_resumed_spot_node_rejoins(tmp_path):
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SPOTLIGHT_WORKER_STEP_DELAY_S": "0.05"}
@@ -74,11 +65,12 @@ def test_reserved_side_killed_and_resumed_spot_node_rejoins(tmp_path):
                                   "--log-level", "INFO"],
                                  stdout=logs["agent"], stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True)
-        wait_for(lambda: len(iterations(metrics)) >= KILL_AFTER, 180, f"{KILL_AFTER} iterations")
+        wait_for(lambda: len(iterations(metrics)) >= KILL_AFTER, 180, f"{KILL_AFTER} iterations", every=0.1)
         reserved_tree = [first.pid, *descendants(first.pid)]
         os.kill(first.pid, signal.SIGKILL)  # the reserved side dies: trainer, queue, store, its agent
         first.wait(10)
-        wait_for(lambda: not any(alive(p) for p in reserved_tree), 20, "the reserved side's processes gone")
+        wait_for(lambda: not any(alive(p) for p in reserved_tree), 20, "the reserved side's processes gone",
+                 every=0.1)
         done_before = len(iterations(metrics))  # what the dead run had finished
         ckpts = sorted((tmp_path / "resume" / "checkpoints").glob("iter_*[0-9].safetensors"))
         resume_from = int(ckpts[-1].stem.removeprefix("iter_"))
