@@ -15,7 +15,8 @@ worker pinned to CPU 0, the spot node's worker to CPU 1 (CPU affinity), so "spot
 trainer updates" is real here. Arms interleaved ``--repeats`` times (this machine's speed swings
 minute to minute). Per arm: seconds per iteration (median over iterations after the first) and the
 share of iteration time the trainer waited on exploration (selection + settling at the deadline);
-ratios against random seeds. critical explores on every worker (``runtime.explore_on=any``),
+ratios against the same round's random seeds (paired; the arm order reverses every other round),
+median over rounds. critical explores on every worker (``runtime.explore_on=any``),
 overlap on spot workers only (``spot``), with the UCB planner choosing what fits the window.
 """
 
@@ -185,8 +186,8 @@ def timing(a: argparse.Namespace) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     arms = a.arms.split(",")
     runs: dict[str, list[dict]] = {s: [] for s in arms}
-    for rep in range(a.repeats):  # interleaved: every arm once per round
-        for schedule in arms:
+    for rep in range(a.repeats):  # interleaved: every arm once per round, the order reversed
+        for schedule in arms if rep % 2 == 0 else arms[::-1]:  # every other round (drift cancels)
             runs[schedule].append(time_arm(schedule, a.overrides, a.iterations, a.out))
             print(f"round {rep}: {schedule} {runs[schedule][-1]}", flush=True)
     summary = {
@@ -202,18 +203,26 @@ def timing(a: argparse.Namespace) -> None:
         for s, rs in runs.items()
     }
     base = summary.get("off")
+    # Paired: each round's arm against the same round's random seeds (minutes apart at most), so
+    # the machine's drift between rounds divides out; the headline is the median paired ratio.
+    paired = {
+        s: [r["s_per_iter"] / b["s_per_iter"] for r, b in zip(rs, runs["off"], strict=True)]
+        for s, rs in runs.items()
+    } if base else {}
     print(f"\nexploration bench (time): runtime, trainer + reserved worker on CPU 0, spot worker on "
           f"CPU 1; {a.repeats} interleaved rounds x {a.iterations} iterations; "
           f"overrides={' '.join(a.overrides) or '-'}")
-    print("| arm | s/iter (median) | vs random seeds | trainer waiting on exploration | train window (s) "
-          "| exploration requests returned by the deadline | prompts on random fallback | arms chosen |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| arm | s/iter (median) | vs random seeds (median of paired rounds) | paired ratio per round "
+          "| trainer waiting on exploration | train window (s) | exploration requests returned by the "
+          "deadline | prompts on random fallback | arms chosen |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for s, r in summary.items():
-        vs = f"{r['s_per_iter'] / base['s_per_iter']:.2f}x" if base else "n/a"
+        vs = f"{statistics.median(paired[s]):.2f}x" if base else "n/a"
+        per = " ".join(f"{x:.2f}" for x in paired.get(s, [])) or "-"
         got = f"{r['returned']}/{r['requests']}" if r["requests"] else "-"
-        print(f"| {ARMS[s]} | {r['s_per_iter']:.2f} | {vs} | {100 * r['wait_share']:.1f}% "
+        print(f"| {ARMS[s]} | {r['s_per_iter']:.2f} | {vs} | {per} | {100 * r['wait_share']:.1f}% "
               f"| {r['train_s']:.2f} | {got} | {r['fallbacks']} | {' '.join(r['arms']) or '-'} |")
-    print(json.dumps(summary))
+    print(json.dumps({"summary": summary, "paired": paired}))
 
 
 def main() -> None:
