@@ -67,6 +67,14 @@ class RuntimeConfig:
     worker_versions: int = 2
     """Weights versions a worker keeps in memory, so alternating between a rollout at v_{i+1} and
     an exploration at v_i switches by a local copy instead of fetching from the store (>= 1)."""
+    peer_weights: bool = True
+    """A worker loading a weights version copies it from a worker of its node that holds it (the
+    node agent names one; shared memory), so a node fetches each version from the store once, not
+    once per worker; false: every worker fetches from the store (the baseline)."""
+    peer_weights_s: float = 60.0
+    """How long a worker waits for a peer to lend it a version (the peer's own load of it included)
+    before fetching it from the store; also how long a lender keeps a segment whose borrower never
+    said it had copied."""
     queue_lost_s: float = 30.0
     """A node agent whose queue has not answered for this long decides the reserved side is gone
     and leaves."""

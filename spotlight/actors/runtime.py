@@ -36,6 +36,8 @@ read (or drawn) before anything starts: a bad one is one ``ConfigError`` line. `
 (``SpotAccount``) counts GPU-seconds and dollars per node class from the controller's join, leave
 and lost events, preemptions, and, from the workers' step log (``<logs>/steps.log``), requests
 resumed or re-run and steps lost; ``metrics_hook`` puts those on every iteration's metrics record.
+Every weights version a worker loads (from the store, a neighbour or a kept copy) is a line of
+``<logs>/weights.log`` (``spotlight.actors.worker.peers.read_weights_log``).
 
 This module knows processes and addresses; the protocols live in the actors it starts.
 """
@@ -63,6 +65,7 @@ from spotlight.actors.controller.core import ControllerCore
 from spotlight.actors.controller.service import BackgroundLoop, Controller
 from spotlight.actors.options import to_argv
 from spotlight.actors.worker.core import STEP_LOG_ENV
+from spotlight.actors.worker.peers import WEIGHTS_LOG_ENV
 from spotlight.comm.auth import cluster_client_keys, cluster_server_keys
 from spotlight.errors import ActorDead, ActorTimeout
 from spotlight.recipe import Recipe
@@ -120,6 +123,7 @@ class LocalRuntime:
         self._dir = tempfile.mkdtemp(prefix="spl-rt-")  # short: ipc paths are capped near 100 bytes
         self.log_dir.mkdir(parents=True, exist_ok=True)
         (self.log_dir / "steps.log").unlink(missing_ok=True)  # this run's steps only
+        (self.log_dir / "weights.log").unlink(missing_ok=True)  # and its weights loads
         try:
             self._start()
         except BaseException:
@@ -182,7 +186,8 @@ class LocalRuntime:
             self._ready(child, c.agent_start_s)
 
     def _spawn(self, name: str, cmd: list[str], ready: str) -> procs.Child:
-        env = {STEP_LOG_ENV: str(self.log_dir / "steps.log")}  # workers inherit it from their agent
+        env = {STEP_LOG_ENV: str(self.log_dir / "steps.log"),  # workers inherit them from their agent
+               WEIGHTS_LOG_ENV: str(self.log_dir / "weights.log")}
         return procs.spawn(name, cmd, log_path=self.log_dir / f"{name}.log", ready_prefix=ready,
                            on_exit=self._exited, env=env)
 

@@ -639,10 +639,12 @@ class NodeBeat(Message):
 class WorkerRun(Message):
     """Run one leased request to the end; replied with WorkerResult, or ErrorReply("Preempted")
     when a WorkerStop interrupted it at a step boundary (its commits flushed). ``group``: run it
-    as one rank of a sequence-parallel group (None: alone)."""
+    as one rank of a sequence-parallel group (None: alone). ``peer``: a worker of this node that
+    holds (or is loading) the lease's weights version, to copy it from instead of the store."""
 
     lease: LeaseGrant
     group: SpGroup | None = None
+    peer: WeightsPeer | None = None
 
 
 @register("w.result")
@@ -670,6 +672,12 @@ class WorkerProgress(Message):
     attempt: int
     committed_step: int | None
     version: int | None
+    weights_fetches: int = 0
+    """Weights versions loaded from the tensor store (across the network on a spot node)."""
+    weights_peer_copies: int = 0
+    """Versions copied from a worker of the same node, and their bytes and seconds."""
+    peer_bytes: int = 0
+    peer_s: float = 0.0
 
 
 @register("w.stop")
@@ -702,6 +710,49 @@ class WorkerLeave(Message):
     WorkerRun is then answered ErrorReply("Preempted")). Replied with Ok at once."""
 
     epoch: int
+
+
+@register("w.peer")
+@dataclass(kw_only=True, slots=True)
+class WeightsPeer(Message):
+    """A worker of the same node to copy a weights version from: its ipc ``endpoint`` (where it
+    answers LendWeights) and ``pid`` (its death ends the wait at once)."""
+
+    worker: str
+    endpoint: str
+    pid: int
+
+
+@register("w.lend")
+@dataclass(kw_only=True, slots=True)
+class LendWeights(Message):
+    """Worker to worker on one node: lend me weights ``version`` (waits for the lender's own load
+    of it when it is loading it). Replied with WeightsLent, or ErrorReply("NotFound") when the
+    worker neither holds nor is loading that version."""
+
+    version: int
+
+
+@register("w.lent")
+@dataclass(kw_only=True, slots=True)
+class WeightsLent(Message):
+    """Weights ``version`` in shared-memory segment ``segment``; ``layout``: parameter name ->
+    [dtype, shape, byte offset]. The borrower sends WeightsReturned(``token``) once it has copied
+    (the lender frees the segment then, or after ``runtime.peer_weights_s`` at the latest)."""
+
+    version: int
+    token: str
+    segment: str
+    nbytes: int
+    layout: dict[str, Any]
+
+
+@register("w.returned")
+@dataclass(kw_only=True, slots=True)
+class WeightsReturned(Message):
+    """The borrower is done with the segment lent under ``token``; replied with Ok."""
+
+    token: str
 
 
 # --- node agent <-> the members of its SP groups (spotlight.actors.node.group_shell / member) --------

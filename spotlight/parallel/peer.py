@@ -34,46 +34,69 @@ def layout_of(state: dict[str, torch.Tensor]) -> tuple[dict[str, list], int]:
 def share(model: torch.nn.Module) -> tuple[OwnedSegment, dict[str, list], int]:
     """Copy `model`'s state dict into a fresh segment; the caller keeps it alive until the peer
     has copied (and closes it)."""
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    return share_arrays({k: v.detach().contiguous().numpy() for k, v in model.state_dict().items()})
+
+
+def share_arrays(arrays: dict[str, np.ndarray]) -> tuple[OwnedSegment, dict[str, list], int]:
+    """Copy `arrays` (a worker's weights: its parameters' memory, or a kept copy) into a fresh
+    segment; the caller keeps it alive until the peer has copied (and closes it)."""
+    state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
     layout, nbytes = layout_of(state)
     seg = OwnedSegment(nbytes)
-    buf = memoryview(seg.mm)[HEADER:]
-    for name, (_, _, off) in layout.items():
-        t = state[name]
-        dst = torch.frombuffer(buf, dtype=t.dtype, count=t.numel(), offset=off).view(t.shape)
-        dst.copy_(t)
-    del buf, dst
+    try:
+        buf = memoryview(seg.mm)[HEADER:]
+        for name, (_, _, off) in layout.items():
+            t = state[name]
+            if t.numel():
+                dst = torch.frombuffer(buf, dtype=t.dtype, count=t.numel(), offset=off).view(t.shape)
+                dst.copy_(t)
+                del dst
+        del buf
+    except BaseException:
+        seg.close()
+        raise
     return seg, layout, nbytes
 
 
 def copy_from_segment(model: torch.nn.Module, segment: str, layout: dict[str, list]) -> int:
-    """Fill `model`'s parameters and buffers from a peer's segment; returns the bytes copied.
+    """Fill `model`'s (CPU) parameters and buffers from a peer's segment; returns the bytes copied."""
+    state = model.state_dict()
+    for name, t in state.items():
+        if not t.is_contiguous() or t.device.type != "cpu":
+            raise ProtocolError(f"peer weight {name}: needs a contiguous CPU tensor here")
+    with torch.no_grad():
+        return copy_into({k: v.detach().numpy() for k, v in state.items()}, segment, layout)
 
-    Read with `preadv` into each tensor's own memory: one kernel copy from the shared pages, no
-    fresh mapping to fault in page by page (which ran at ~40% of memcpy; this at ~memcpy)."""
+
+def copy_into(arrays: dict[str, np.ndarray], segment: str, layout: dict[str, list]) -> int:
+    """Fill `arrays` (contiguous, writable) from a peer's segment; returns the bytes copied.
+
+    Read with `preadv` into each array's own memory: one kernel copy from the shared pages, no
+    fresh mapping to fault in page by page (which ran at ~40% of memcpy; this at ~memcpy). A
+    layout that does not match `arrays` is a ProtocolError before any byte is written."""
     import os
 
-    state = model.state_dict()
-    if set(layout) != set(state):
-        missing, extra = sorted(set(state) - set(layout))[:3], sorted(set(layout) - set(state))[:3]
+    if set(layout) != set(arrays):
+        missing, extra = sorted(set(arrays) - set(layout))[:3], sorted(set(layout) - set(arrays))[:3]
         raise ProtocolError(f"peer weights do not match this model (missing {missing}, unexpected {extra})")
+    for name, (dtype, shape, off) in layout.items():
+        a = arrays[name]
+        if [str(a.dtype), list(a.shape)] != [dtype, shape]:
+            raise ProtocolError(f"peer weight {name}: {dtype}{shape} != {a.dtype}{list(a.shape)}")
+        if not (a.flags.c_contiguous and a.flags.writeable):
+            raise ProtocolError(f"peer weight {name}: needs a contiguous, writable array here")
     fd = open_readonly(segment)
     total = 0
     try:
         size = os.fstat(fd).st_size - HEADER
-        with torch.no_grad():
-            for name, (dtype, shape, off) in layout.items():
-                t = state[name]
-                if [str(t.dtype).removeprefix("torch."), list(t.shape)] != [dtype, shape]:
-                    raise ProtocolError(f"peer weight {name}: {dtype}{shape} != {t.dtype}{list(t.shape)}")
-                if not t.is_contiguous() or t.device.type != "cpu":
-                    raise ProtocolError(f"peer weight {name}: needs a contiguous CPU tensor here")
-                n = t.numel() * t.element_size()
-                if off < 0 or off + n > size:
-                    raise ProtocolError(f"peer weight {name} lies outside the segment")
-                if n and os.preadv(fd, [t.detach().reshape(-1).view(torch.uint8).numpy()], HEADER + off) != n:
-                    raise ProtocolError(f"peer weight {name}: short read from the segment")
-                total += n
+        for name, (_, _, off) in layout.items():
+            a = arrays[name]
+            n = a.nbytes
+            if not isinstance(off, int) or off < 0 or off + n > size:
+                raise ProtocolError(f"peer weight {name} lies outside the segment")
+            if n and os.preadv(fd, [a.reshape(-1).view(np.uint8)], HEADER + off) != n:
+                raise ProtocolError(f"peer weight {name}: short read from the segment")
+            total += n
     finally:
         os.close(fd)
     return total

@@ -9,6 +9,10 @@
   (``spotlight.actors.node.sp``: the same queue, leases, commits and notices).
   A worker whose process exits mid-request has its lease released at once, so the request
   resumes elsewhere from its last commit, and the worker is restarted.
+- Weights on the node: every lease goes to its worker with a hint (``WorkerRun.peer``), a worker
+  of this node that holds or is loading the lease's weights version (``WeightsHolders``, the
+  agent's record of what it handed to whom), so the worker copies it from that neighbour through
+  shared memory and the node fetches each version from the store once (``runtime.peer_weights``).
 - A spot notice (SIGTERM, or a polled metadata URL in the AWS ``spot/instance-action`` or GCP
   ``instance/preempted`` form) makes the agent leave: every busy worker finishes its current step
   and flushes its commit, every lease is released, workers are stopped, the agent exits — within
@@ -47,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotlight.actors.config import NODE_FIELDS, RuntimeConfig
+from spotlight.actors.node.holders import WeightsHolders
 from spotlight.actors.procs import announce_ready
 from spotlight.actors.queue.client import QueueClient
 from spotlight.actors.worker.client import WorkerHandle
@@ -141,6 +146,7 @@ class NodeAgent:
         self.leaving = asyncio.Event()
         self.workers: list[WorkerHandle] = []
         self.busy: dict[str, m.LeaseGrant] = {}  # worker_id -> the lease it runs
+        self.holders = WeightsHolders(self.runtime.worker_versions)  # who holds which version
         self._released: set[tuple[str, int]] = set()
         self.queue: QueueClient | None = None
         self.lost: str | None = None
@@ -220,6 +226,7 @@ class NodeAgent:
         async with RpcClient(reg.queue, timeout=self.runtime.rpc_timeout_s, curve=curve) as qrpc:
             self.queue = QueueClient.remote(qrpc)
             self.workers = [WorkerHandle(i, c.node_id, sock_dir) for i in range(c.workers)]
+            self.holders = WeightsHolders(self.runtime.worker_versions)
             try:
                 async with asyncio.TaskGroup() as life:  # beats from registration on
                     beat = life.create_task(self._beat_controller(), name="node beat")
@@ -345,6 +352,7 @@ class NodeAgent:
             while not self.leaving.is_set():
                 if not h.alive:
                     await h.kill()
+                    self.holders.forget(h.worker_id)
                     self.stats["worker_deaths"] += 1
                     log.warning("%s died (exit %s); restarting", h.worker_id,
                                 h.proc.returncode if h.proc else None)
@@ -435,8 +443,9 @@ class NodeAgent:
         assert q is not None and h.rpc is not None and h.proc is not None
         self.busy[h.worker_id] = lease
         try:
+            peer = self.weights_peer(h, lease.work.version)
             async with asyncio.TaskGroup() as tg:
-                run = tg.create_task(self._call_run(h, lease))
+                run = tg.create_task(self._call_run(h, lease, peer))
                 died = tg.create_task(h.proc.wait())
                 beat = tg.create_task(self._heartbeats(h, lease))
                 await asyncio.wait([run, died], return_when=asyncio.FIRST_COMPLETED)
@@ -466,10 +475,25 @@ class NodeAgent:
         finally:
             self.busy.pop(h.worker_id, None)
 
-    async def _call_run(self, h: WorkerHandle, lease: m.LeaseGrant):
+    def weights_peer(self, h: WorkerHandle, version: int) -> m.WeightsPeer | None:
+        """The live worker of this node that ``h`` should copy weights ``version`` from (None: the
+        store), and ``h`` recorded as holding it from now on (``WeightsHolders``)."""
+        peer = None
+        if self.runtime.peer_weights:
+            handles = {w.worker_id: w for w in self.workers}
+            for wid in self.holders.peers(version, exclude=h.worker_id):
+                p = handles.get(wid)
+                if p is not None and p.alive and p.proc is not None:
+                    peer = m.WeightsPeer(worker=wid, endpoint=p.endpoint, pid=p.proc.pid)
+                    break
+        self.holders.handed(h.worker_id, version)
+        return peer
+
+    async def _call_run(self, h: WorkerHandle, lease: m.LeaseGrant, peer: m.WeightsPeer | None = None):
         """The worker's answer as (outcome, value), so a failure is data for the slot to act on."""
         try:
-            return "ok", await h.rpc.call(m.WorkerRun(lease=lease), timeout=self.runtime.request_timeout_s)
+            return "ok", await h.rpc.call(m.WorkerRun(lease=lease, peer=peer),
+                                          timeout=self.runtime.request_timeout_s)
         except Preempted as e:
             return "preempted", e
         except ActorTimeout as e:

@@ -15,6 +15,8 @@ workers); this module carries them out with the node's real worker processes:
   commits every step to the tensor store exactly as a lone worker does, seals the trajectory and
   scores it, and its result is what the server completes on the queue. Exploration jobs run on
   rank 0 alone (the group's other members are freed at once).
+- Every member is handed the lease with the agent's weights hint (``NodeAgent.weights_peer``):
+  the d members of a group load a new version from the store once per node, not d times.
 - One heartbeat per lease, carrying rank 0's committed step (which also feeds the scheduler's
   stall detection: a group that commits nothing for ``runtime.sp_stall_s`` is broken).
 - A member whose process exits: the scheduler breaks its group; the survivors are told to leave
@@ -182,8 +184,10 @@ class GroupServer:
             lease = dataclasses.replace(lease, resume_step=max(c.resume_step, lease.resume_step or 0))
             log.warning("%s resumes on a new group (epoch %d: %s) from its newest commit (step >= %d)",
                         c.request_id, c.epoch, ", ".join(c.members), lease.resume_step)
+        version = lease.work.version
         if isinstance(lease.work, m.ExploreWork):  # alone on rank 0; the others are free now
-            self._tg.create_task(self._run(self.handles[c.members[0]], lease, c.epoch, None))
+            h = self.handles[c.members[0]]
+            self._tg.create_task(self._run(h, lease, c.epoch, None, self.agent.weights_peer(h, version)))
             for mid in c.members[1:]:
                 self._do(self.sched.done(mid, c.epoch))
             return
@@ -191,16 +195,18 @@ class GroupServer:
         for rank, mid in enumerate(c.members):
             group = m.SpGroup(epoch=c.epoch, rank=rank, size=len(c.members), port=port,
                               members=list(c.members))
-            self._tg.create_task(self._run(self.handles[mid], lease, c.epoch, group))
+            h = self.handles[mid]  # rank 0 is handed first: the others copy from it if nobody holds it
+            self._tg.create_task(self._run(h, lease, c.epoch, group, self.agent.weights_peer(h, version)))
 
-    async def _run(self, h: WorkerHandle, lease: m.LeaseGrant, epoch: int, group: m.SpGroup | None) -> None:
+    async def _run(self, h: WorkerHandle, lease: m.LeaseGrant, epoch: int, group: m.SpGroup | None,
+                   peer: m.WeightsPeer | None) -> None:
         """One member's part of a group's request; its outcome becomes a scheduler event."""
         proc = h.proc
         if h.rpc is None or proc is None:  # died as the group formed: its watcher reports it
             return
         first = group is None or group.rank == 0
         async with asyncio.TaskGroup() as tg:
-            run = tg.create_task(self._call(h, m.WorkerRun(lease=lease, group=group)))
+            run = tg.create_task(self._call(h, m.WorkerRun(lease=lease, group=group, peer=peer)))
             died = tg.create_task(proc.wait())
             await asyncio.wait([run, died], return_when=asyncio.FIRST_COMPLETED)
             if not run.done():  # the process exited: the watcher turns it into `died`
@@ -278,6 +284,7 @@ class GroupServer:
         while True:
             assert h.proc is not None
             code = await h.proc.wait()
+            agent.holders.forget(h.worker_id)
             if not failed_starts:
                 agent.stats["worker_deaths"] += 1
                 log.warning("%s died (exit %s)", h.worker_id, code)

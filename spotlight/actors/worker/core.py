@@ -37,7 +37,14 @@ Weights: a job names its version; the worker loads that version before the first
 into its parameters' memory) and never changes weights inside a request. It keeps copies of the
 ``runtime.worker_versions`` newest versions it has held, so alternating between a rollout at
 v_{i+1} and an exploration at v_i (the overlap schedule) switches with a local copy, not a fetch
-from the store (``weights_fetches`` / ``weights_switches`` count each).
+from the store (``weights_fetches`` / ``weights_switches`` count each). A version it holds in
+neither is copied from a worker of the same node when the node agent names one
+(``WorkerRun.peer``: shared memory, ``spotlight.actors.worker.peers``), so a node fetches each
+version from the store once; a peer that is dead, slow or no longer holds it costs one log line
+and a store fetch. It lends in turn (``lend_weights``: its current weights or a kept copy, after
+its own load of that version ends). ``weights_peer_copies``, ``peer_bytes`` and ``peer_s`` count
+the copies; ``WorkerProgress`` carries every counter, and the weights log (``SPOTLIGHT_WEIGHTS_LOG``)
+one line per load.
 
 The process shell is ``spotlight.actors.worker.service``. This module knows the work, the model
 and the store; it knows nothing of queues or leases beyond the LeaseGrant it is handed.
@@ -57,9 +64,10 @@ import torch
 
 from spotlight import work
 from spotlight.actors.store.client import TensorStoreClient
+from spotlight.actors.worker.peers import WEIGHTS_LOG_ENV, WeightsLender, borrow, log_line
 from spotlight.actors.worker.sp import SpRank
 from spotlight.comm import messages as m
-from spotlight.errors import GroupBroken, NotFound, Preempted, ProtocolError
+from spotlight.errors import GroupBroken, NotFound, Preempted, ProtocolError, SpotlightError
 from spotlight.parallel.device import resolve_device
 from spotlight.recipe import Recipe
 
@@ -85,6 +93,7 @@ class WorkerCore:
         *,
         worker_id: str = "worker",
         step_delay_s: float = 0.0,
+        lend_delay_s: float = 0.0,
     ) -> None:
         self.recipe, self.store, self.worker_id = recipe, store, worker_id
         # Fault injection only (a slow device): lets tests land a kill between two steps.
@@ -108,8 +117,15 @@ class WorkerCore:
         )
         self.version: int | None = None
         self._kept: dict[int, dict[str, np.ndarray]] = {}  # version -> a copy of its weights
-        self.weights_fetches = 0
-        self.weights_switches = 0
+        self.weights_fetches = 0  # from the store
+        self.weights_switches = 0  # from a kept copy
+        self.weights_peer_copies, self.peer_bytes, self.peer_s = 0, 0, 0.0  # from a neighbour
+        self._loading: int | None = None  # the version being loaded now
+        self._loaded = asyncio.Event()  # set when that load ends (done or failed)
+        self.lender = WeightsLender(recipe.runtime.peer_weights_s)
+        self.lend_delay_s = lend_delay_s
+        path = os.environ.get(WEIGHTS_LOG_ENV)
+        self._weights_log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
         self.request_id: str | None = None
         self.attempt = 0
         self.committed_step: int | None = None
@@ -120,33 +136,84 @@ class WorkerCore:
 
     def close(self) -> None:
         """Close the step log; a device backend frees its resources here too."""
-        if self._step_log is not None:
-            os.close(self._step_log)
-            self._step_log = None
+        for fd in (self._step_log, self._weights_log):
+            if fd is not None:
+                os.close(fd)
+        self._step_log = self._weights_log = None
+        self.lender.close()
         self.sp.close()
 
     # --- weights -------------------------------------------------------------------------------
-    async def load_weights(self, version: int) -> None:
+    async def load_weights(self, version: int, peer: m.WeightsPeer | None = None) -> None:
+        """Make ``version`` this worker's weights: already current, a kept copy, a copy from
+        ``peer`` (a worker of this node holding it, named by the agent), or the store — in that
+        order; a failed peer copy falls back to the store (one log line)."""
         if self.version == version:
             return
         keep = self.recipe.runtime.worker_versions
         if keep > 1 and self.version is not None and self.version not in self._kept:
             self._kept[self.version] = {k: v.copy() for k, v in self._params.items()}
         self.version = None  # half-loaded weights are no version at all
-        if version in self._kept:
-            for k, v in self._kept[version].items():
-                np.copyto(self._params[k], v)
-            self.weights_switches += 1
-        else:
-            await self.store.get_weights(version, out=self._params)
-            self.weights_fetches += 1
-        if self.device.type != "cpu":
-            with torch.no_grad():
-                for k, v in self.model.state_dict().items():
-                    v.copy_(torch.from_numpy(self._params[k]), non_blocking=False)
-        self.version = version
+        self._loading, self._loaded = version, asyncio.Event()
+        try:
+            t0 = time.perf_counter()
+            if version in self._kept:
+                for k, v in self._kept[version].items():
+                    np.copyto(self._params[k], v)
+                self.weights_switches += 1
+                how, nbytes, copy_s, by = "kept", 0, 0.0, ""
+            elif peer is not None and (borrowed := await self._borrow(peer, version)):
+                nbytes, copy_s = borrowed
+                self.weights_peer_copies += 1
+                self.peer_bytes += nbytes
+                self.peer_s += time.perf_counter() - t0
+                how, by = "peer", peer.worker
+            else:
+                t1 = time.perf_counter()  # after a failed peer copy: the store's part alone
+                await self.store.get_weights(version, out=self._params)
+                self.weights_fetches += 1
+                how, by = "store", ""
+                nbytes, copy_s = sum(v.nbytes for v in self._params.values()), time.perf_counter() - t1
+            if self.device.type != "cpu":
+                with torch.no_grad():
+                    for k, v in self.model.state_dict().items():
+                        v.copy_(torch.from_numpy(self._params[k]), non_blocking=False)
+            self.version = version
+            log_line(self._weights_log, self.worker_id, version, how, nbytes, time.perf_counter() - t0,
+                     copy_s, by)
+        finally:
+            self._loading = None
+            self._loaded.set()
         for old in sorted(self._kept)[: max(0, len(self._kept) - keep)]:  # the newest `keep` stay
             del self._kept[old]
+
+    async def _borrow(self, peer: m.WeightsPeer, version: int) -> tuple[int, float] | None:
+        """Copy ``version`` from ``peer`` into this worker's parameters (bytes, copy seconds);
+        None when it could not."""
+        try:
+            return await borrow(peer, version, self._params, self.recipe.runtime.peer_weights_s)
+        except (SpotlightError, OSError) as e:
+            log.warning("%s: version %d from peer %s failed (%s: %s); fetching it from the store",
+                        self.worker_id, version, peer.worker, type(e).__name__, e)
+            return None
+
+    async def lend_weights(self, version: int) -> m.WeightsLent:
+        """A neighbour asks for ``version``: lend the current weights or a kept copy, after this
+        worker's own load of it when one is in progress. ``NotFound`` when it holds neither."""
+        log_line(self._weights_log, self.worker_id, version, "lend")
+        if self.lend_delay_s:  # fault injection (a slow lender): lets tests kill it mid-lend
+            await asyncio.sleep(self.lend_delay_s)
+        while self._loading == version:
+            await self._loaded.wait()
+        # No await from here to the copy into the segment: the arrays cannot change under it.
+        if self.version == version:
+            arrays = self._params
+        elif version in self._kept:
+            arrays = self._kept[version]
+        else:
+            raise NotFound(f"{self.worker_id} holds versions {sorted({*self._kept, self.version} - {None})}, "
+                           f"not {version}")
+        return self.lender.lend(version, arrays)
 
     # --- requests ------------------------------------------------------------------------------
     def progress(self) -> m.WorkerProgress:
@@ -155,6 +222,10 @@ class WorkerCore:
             attempt=self.attempt,
             committed_step=self.committed_step,
             version=self.version,
+            weights_fetches=self.weights_fetches,
+            weights_peer_copies=self.weights_peer_copies,
+            peer_bytes=self.peer_bytes,
+            peer_s=self.peer_s,
         )
 
     async def stop(self) -> m.WorkerProgress:
@@ -166,8 +237,10 @@ class WorkerCore:
             await self.store.flush()
         return self.progress()
 
-    async def run(self, lease: m.LeaseGrant, group: m.SpGroup | None = None) -> m.WorkResult:
-        """Run ``lease`` alone, or as one rank of the SP ``group`` (rollouts only)."""
+    async def run(self, lease: m.LeaseGrant, group: m.SpGroup | None = None,
+                  peer: m.WeightsPeer | None = None) -> m.WorkResult:
+        """Run ``lease`` alone, or as one rank of the SP ``group`` (rollouts only); ``peer``: a
+        worker of this node to copy the lease's weights version from (else the store)."""
         if self._stop:
             raise Preempted("worker is stopping")
         if not self._idle.is_set():
@@ -176,7 +249,7 @@ class WorkerCore:
         self.request_id, self.attempt, self.committed_step = lease.request_id, lease.attempt, None
         t0 = time.perf_counter()
         try:
-            await self.load_weights(lease.work.version)
+            await self.load_weights(lease.work.version, peer)
             if isinstance(lease.work, m.ExploreWork):
                 result = await self._explore(lease.work)
             elif group is None or group.size == 1:

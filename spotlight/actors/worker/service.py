@@ -1,6 +1,7 @@
 """The GPU worker's process shell (``python -m spotlight.actors.worker``): an ipc ``RpcServer``
 its node agent drives with WorkerRun / WorkerStatus / WorkerStop / WorkerLeave, in front of a
-``WorkerCore``."""
+``WorkerCore``; the node's other workers call it too, to borrow weights (LendWeights /
+WeightsReturned, ``spotlight.actors.worker.peers``)."""
 
 from __future__ import annotations
 
@@ -28,26 +29,32 @@ log = logging.getLogger(__name__)
 
 def worker_handlers(core: WorkerCore) -> dict[type[m.Message], Any]:
     async def run(msg: m.WorkerRun) -> m.WorkerResult:
-        result = await core.run(msg.lease, msg.group)
+        result = await core.run(msg.lease, msg.group, msg.peer)
         return m.WorkerResult(request_id=msg.lease.request_id, attempt=msg.lease.attempt, result=result)
 
     def leave(msg: m.WorkerLeave) -> m.Ok:
         core.sp.leave(msg.epoch)
         return m.Ok()
 
+    def returned(msg: m.WeightsReturned) -> m.Ok:
+        core.lender.returned(msg.token)
+        return m.Ok()
+
     return {m.WorkerRun: run, m.WorkerStatus: lambda msg: core.progress(),
-            m.WorkerStop: lambda msg: core.stop(), m.WorkerLeave: leave}
+            m.WorkerStop: lambda msg: core.stop(), m.WorkerLeave: leave,
+            m.LendWeights: lambda msg: core.lend_weights(msg.version), m.WeightsReturned: returned}
 
 
 async def serve(bind: str, store: str, recipe: Recipe, worker_id: str, step_delay_s: float = 0.0,
-                keys: str | None = None) -> None:
+                keys: str | None = None, lend_delay_s: float = 0.0) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     curve = cluster_client_keys(keys) if keys else None
     async with TensorStoreClient.remote(store, timeout=recipe.runtime.store_timeout_s, curve=curve) as client:
-        core = WorkerCore(recipe, client, worker_id=worker_id, step_delay_s=step_delay_s)
+        core = WorkerCore(recipe, client, worker_id=worker_id, step_delay_s=step_delay_s,
+                          lend_delay_s=lend_delay_s)
         try:
             async with RpcServer(worker_handlers(core), bind=bind) as server:
                 announce_ready(f"ready {server.endpoint}")  # the agent waits for this line
@@ -73,10 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     die_with_parent()
     delay = float(os.environ.get("SPOTLIGHT_WORKER_STEP_DELAY_S", "0"))  # fault injection (tests)
+    lend_delay = float(os.environ.get("SPOTLIGHT_WORKER_LEND_DELAY_S", "0"))  # a slow lender (tests)
     torch.set_num_threads(1)  # one worker = one device; on CPU, one core's worth
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(name)s %(levelname)s %(message)s")
     asyncio.run(serve(args.bind, args.store, load_recipe(json.loads(args.recipe_json)), args.worker_id, delay,
-                      args.keys))
+                      args.keys, lend_delay))
 
 
 if __name__ == "__main__":
