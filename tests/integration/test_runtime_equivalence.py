@@ -7,12 +7,15 @@ Also: leaving the runtime leaves no process behind."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from tiny_recipe import TINY_MODEL
 
 from spotlight import Experiment, load_recipe
 from spotlight.actors.procs import alive
+from spotlight.actors.worker.peers import read_weights_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -109,6 +112,11 @@ def test_runtime_matches_in_process_loop(tmp_path, monkeypatch, schedule, sample
     assert ref_state.keys() == got_state.keys()
     assert all(torch.equal(ref_state[k], got_state[k]) for k in ref_state)
 
+    # Each weights version crossed to each node once; the node's other workers copied it from a
+    # neighbour (runtime.peer_weights) instead of fetching it again.
+    loads = [e for e in read_weights_log(got.runtime.log_dir / "weights.log") if e.how in ("store", "peer")]
+    fetches = Counter((e.node, e.version) for e in loads if e.how == "store")
+    assert loads and set(fetches.values()) == {1}, loads
     # 2 services + 2 agents + 3 workers, and none of them outlived the run.
     assert len(pids) == 7, pids
     assert [p for p in pids if alive(p)] == []

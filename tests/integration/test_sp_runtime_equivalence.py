@@ -8,12 +8,15 @@ ConfigError line naming the field."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from tiny_recipe import TINY_MODEL
 
 from spotlight import Experiment, load_recipe
 from spotlight.actors.procs import alive
+from spotlight.actors.worker.peers import read_weights_log
 from spotlight.errors import ConfigError
 
 TINY = [
@@ -58,6 +61,12 @@ def test_sp_degree_2_runtime_matches_in_process_loop(tmp_path, monkeypatch):
             assert a[key] == b[key], key
     ref_state, got_state = ref.loop.model.state_dict(), got.loop.model.state_dict()
     assert all(torch.equal(ref_state[k], got_state[k]) for k in ref_state)
+    # Each weights version crossed to each node once; the node's other workers copied it from a
+    # neighbour (runtime.peer_weights) instead of fetching it again.
+    loads = [e for e in read_weights_log(got.runtime.log_dir / "weights.log") if e.how in ("store", "peer")]
+    fetches = Counter((e.node, e.version) for e in loads if e.how == "store")
+    assert loads and set(fetches.values()) == {1}, loads
+    assert any(e.how == "peer" for e in loads), loads  # a group's second member copies from its first
     assert len(pids) == 2 + 2 + 4, pids  # services, two agents, two groups of two workers
     assert [p for p in pids if alive(p)] == []
 

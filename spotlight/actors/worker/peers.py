@@ -11,6 +11,11 @@ the tensor store, so a node fetches each version across the network once, not on
   wait at once if the peer's process exits (a pidfd), copies with ``preadv`` into the borrower's
   own arrays, returns the segment. Every failure is an exception for the caller, which fetches
   from the store instead.
+- On a GPU worker the arrays lent and filled are the worker's host copy of its weights (which
+  ``WorkerCore`` keeps for the store's loads and copies to the device after each), so the path is
+  the same as on CPU. A device-to-device copy (CUDA IPC + cupy peer copy,
+  ``spotlight.parallel.peer.copy_from_cuda_peer``, used by the standalone SP harness) is not wired
+  in here: it would need the lender to hold its device weights unchanged until the borrower is done.
 - The weights log (``SPOTLIGHT_WEIGHTS_LOG``, set by the local runtime to ``<logs>/weights.log``):
   one line per version a worker loads, ``pid worker version how bytes seconds copy_seconds
   [peer]`` with ``how`` in store | peer | kept (``seconds``: the whole load, a wait for the
