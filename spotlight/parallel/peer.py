@@ -37,12 +37,20 @@ def share(model: torch.nn.Module) -> tuple[OwnedSegment, dict[str, list], int]:
     return share_arrays({k: v.detach().contiguous().numpy() for k, v in model.state_dict().items()})
 
 
-def share_arrays(arrays: dict[str, np.ndarray]) -> tuple[OwnedSegment, dict[str, list], int]:
-    """Copy `arrays` (a worker's weights: its parameters' memory, or a kept copy) into a fresh
-    segment; the caller keeps it alive until the peer has copied (and closes it)."""
+def share_arrays(arrays: dict[str, np.ndarray], into: OwnedSegment | None = None
+                 ) -> tuple[OwnedSegment, dict[str, list], int]:
+    """Copy `arrays` (a worker's weights: its parameters' memory, or a kept copy) into a segment:
+    `into` when it is large enough (a segment no reader uses any more: its pages are warm, where a
+    fresh segment's are faulted in and zeroed at a fraction of memcpy speed), else a fresh one
+    (`into` is then closed). The caller keeps it alive until the peer has copied (and closes it)."""
     state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
     layout, nbytes = layout_of(state)
-    seg = OwnedSegment(nbytes)
+    if into is not None and len(into.mm) >= HEADER + nbytes:
+        seg = into
+    else:
+        if into is not None:
+            into.close()
+        seg = OwnedSegment(nbytes)
     try:
         buf = memoryview(seg.mm)[HEADER:]
         for name, (_, _, off) in layout.items():

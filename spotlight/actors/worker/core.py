@@ -250,6 +250,7 @@ class WorkerCore:
         t0 = time.perf_counter()
         try:
             await self.load_weights(lease.work.version, peer)
+            await asyncio.sleep(0)  # neighbours waiting to borrow this version: lend before computing
             if isinstance(lease.work, m.ExploreWork):
                 result = await self._explore(lease.work)
             elif group is None or group.size == 1:
