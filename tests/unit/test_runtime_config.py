@@ -105,8 +105,11 @@ async def crashable():
         raise RuntimeError("boom")
 
     async with asyncio.TaskGroup() as tg:
-        tg.create_task(crash_when_told())
-        yield crash
+        task = tg.create_task(crash_when_told())
+        try:
+            yield crash
+        finally:  # leaving: the server task ends (else the group waits for it and close times out)
+            task.cancel()
 
 
 @pytest.fixture
@@ -114,6 +117,7 @@ def bg():
     loop = BackgroundLoop(crashable, start_timeout=10)
     yield loop
     loop.close(10)
+    assert not loop._thread.is_alive(), "close() left the loop's thread running"
 
 
 def test_submit_returns_at_once_and_call_waits(bg):
