@@ -284,8 +284,9 @@ def start_reserved(procs: Procs, hosts: Hosts, keys: Path, out: Path, *overrides
     return proc, endpoint
 
 
-def start_spot(procs: Procs, hosts: Hosts, endpoint: str, keys: Path, node_id: str) -> Proc:
-    """`spotlight agent` on the spot host, in its own mount namespace with a private /dev/shm."""
+def start_spot(procs: Procs, hosts: Hosts, endpoint: str, keys: Path, node_id: str, *extra: str) -> Proc:
+    """`spotlight agent` on the spot host, in its own mount namespace with a private /dev/shm;
+    ``extra``: more agent options."""
     shell = 'mount -t tmpfs -o size=64m,mode=1777 spl-private-shm /dev/shm && exec "$@"'
     cmd = [
         "ip",
@@ -312,6 +313,7 @@ def start_spot(procs: Procs, hosts: Hosts, endpoint: str, keys: Path, node_id: s
         node_id,
         "--log-level",
         "INFO",
+        *extra,
     ]
     return procs.start(node_id, cmd, _env())
 
@@ -405,7 +407,8 @@ def test_spot_host_with_unknown_key_is_refused(hosts, procs, tmp_path):
     node = f"intruder-{os.getpid()}"
     # Long enough a run that the reserved host is up for the whole attempt; stopped below.
     reserved, endpoint = start_reserved(procs, hosts, res_keys, tmp_path / "runs", "run.iterations=1000")
-    intruder = start_spot(procs, hosts, endpoint, intruder_keys, node)
+    # Asks again for queue_lost_s (8 s here, not the default 30) before giving up.
+    intruder = start_spot(procs, hosts, endpoint, intruder_keys, node, "--queue-lost-s", "8")
     key = load_public_key(intruder_keys / "node.key").decode()
     reserved.wait_line("stderr", rf"CURVE: refused client key {re.escape(key)}", START_S)
     # The agent's Register gets no reply (asked again for queue_lost_s, the reserved side may be
