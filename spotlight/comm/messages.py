@@ -736,15 +736,19 @@ class LendWeights(Message):
 @register("w.lent")
 @dataclass(kw_only=True, slots=True)
 class WeightsLent(Message):
-    """Weights ``version`` in shared-memory segment ``segment``; ``layout``: parameter name ->
-    [dtype, shape, byte offset]. The borrower sends WeightsReturned(``token``) once it has copied
-    (the lender frees the segment then, or after ``runtime.peer_weights_s`` at the latest)."""
+    """Weights ``version`` in the lender's live buffer: shared-memory segment ``segment`` (CPU;
+    its header word must still read ``generation`` after the copy) or the CUDA IPC handle ``cuda``
+    (GPU; ``segment`` is empty); ``nbytes`` from the data's start; ``layout``: parameter name ->
+    [dtype, shape, byte offset]. The lender keeps the version there (pinned) until the borrower
+    sends WeightsReturned(``token``), or ``runtime.peer_weights_s`` at the latest."""
 
     version: int
     token: str
     segment: str
     nbytes: int
     layout: dict[str, Any]
+    generation: int = 0
+    cuda: dict[str, Any] | None = None
 
 
 @register("w.returned")

@@ -48,14 +48,15 @@ def _path(name: str) -> str:
     return os.path.join(SHM_DIR, name)
 
 
-def _map(name: str, size: int | None = None) -> mmap.mmap:
-    """Map segment ``name``; create it with ``size`` bytes if given (exclusively)."""
+def _map(name: str, size: int | None = None, populate: bool = False) -> mmap.mmap:
+    """Map segment ``name``; create it with ``size`` bytes if given (exclusively). ``populate``:
+    fault every page in now, in one call (~1 GB/s here, against ~0.3-0.9 GB/s page by page)."""
     flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if size is not None else 0)
     fd = os.open(_path(name), flags, 0o600)
     try:
         if size is not None:
             os.ftruncate(fd, size)
-        return mmap.mmap(fd, size or 0)
+        return mmap.mmap(fd, size or 0, flags=mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0))
     finally:
         os.close(fd)  # the mapping stays valid without the descriptor
 
@@ -271,11 +272,12 @@ class ClientMappings:
 class OwnedSegment:
     """A segment one process creates and fills for others on its machine to read (a worker lending
     its weights to a joining peer). The name carries the owner's pid, so ``sweep_dead`` removes it
-    if the owner is SIGKILLed; ``close`` unmaps and unlinks it."""
+    if the owner is SIGKILLed; ``close`` unmaps and unlinks it. ``populate``: its pages are faulted
+    in at creation (a buffer written and read for the process's lifetime)."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, populate: bool = False) -> None:
         self.name = f"{PREFIX}{os.getpid()}-peer-{secrets.token_hex(4)}"
-        self.mm = _map(self.name, HEADER + max(nbytes, 1))
+        self.mm = _map(self.name, HEADER + max(nbytes, 1), populate)
 
     def close(self) -> None:
         try:

@@ -33,18 +33,20 @@ O_APPEND write, so concurrent workers never interleave within a line and a SIGKI
 most the step in flight); ``spotlight.spot.accounting`` reads it to count resumed requests and
 steps lost.
 
-Weights: a job names its version; the worker loads that version before the first step (straight
-into its parameters' memory) and never changes weights inside a request. It keeps copies of the
-``runtime.worker_versions`` newest versions it has held, so alternating between a rollout at
-v_{i+1} and an exploration at v_i (the overlap schedule) switches with a local copy, not a fetch
-from the store (``weights_fetches`` / ``weights_switches`` count each). A version it holds in
-neither is copied from a worker of the same node when the node agent names one
-(``WorkerRun.peer``: shared memory, ``spotlight.actors.worker.peers``), so a node fetches each
-version from the store once; a peer that is dead, slow or no longer holds it costs one log line
-and a store fetch. It lends in turn (``lend_weights``: its current weights or a kept copy, after
-its own load of that version ends). ``weights_peer_copies``, ``peer_bytes`` and ``peer_s`` count
-the copies; ``WorkerProgress`` carries every counter, and the weights log (``SPOTLIGHT_WEIGHTS_LOG``)
-one line per load.
+Weights: a job names its version; the worker loads that version before the first step and never
+changes weights inside a request. Its parameters are views of one flat buffer per held version
+(``WeightsVersions``, ``spotlight.parallel.flat``: a shared-memory segment on the CPU, one CUDA
+tensor on a GPU); besides the current one it holds the ``runtime.worker_versions`` newest it held
+before (when > 1), so alternating between a rollout at v_{i+1} and an exploration at v_i (the
+overlap schedule) rebinds the parameters instead of fetching from the store (``weights_fetches`` /
+``weights_switches`` count each). A version it does not hold is copied from a worker of the same
+node when the node agent names one (``WorkerRun.peer``, ``spotlight.actors.worker.peers``: one
+copy of the whole buffer), so a node fetches each version from the store once; a peer that is
+dead, slow or no longer holds it costs one log line and a store fetch. It lends in turn
+(``lend_weights``: the live buffer of any version it holds, after its own load of that version
+ends; pinned, so it is not reloaded until the borrower returns it or ``runtime.peer_weights_s``).
+``weights_peer_copies``, ``peer_bytes`` and ``peer_s`` count the copies; ``WorkerProgress``
+carries every counter, and the weights log (``SPOTLIGHT_WEIGHTS_LOG``) one line per load.
 
 The process shell is ``spotlight.actors.worker.service``. This module knows the work, the model
 and the store; it knows nothing of queues or leases beyond the LeaseGrant it is handed.
@@ -64,11 +66,20 @@ import torch
 
 from spotlight import work
 from spotlight.actors.store.client import TensorStoreClient
-from spotlight.actors.worker.peers import WEIGHTS_LOG_ENV, WeightsLender, borrow, log_line
+from spotlight.actors.worker.peers import (
+    WEIGHTS_LOG_ENV,
+    Borrowed,
+    PeerMappings,
+    borrow,
+    lent_message,
+    log_line,
+)
 from spotlight.actors.worker.sp import SpRank
+from spotlight.actors.worker.versions import WeightsVersions
 from spotlight.comm import messages as m
 from spotlight.errors import GroupBroken, NotFound, Preempted, ProtocolError, SpotlightError
 from spotlight.parallel.device import resolve_device
+from spotlight.parallel.flat import host_staging
 from spotlight.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -107,22 +118,19 @@ class WorkerCore:
         self.device = next(model.parameters()).device
         self.reward = work.recipe_reward(recipe)
         self.shape = work.image_shape(recipe)
-        # On the CPU, numpy views on the parameters: get_weights(out=...) fills the model without a
-        # copy. On a GPU, host buffers the store fills, copied to the device after each load.
-        state = self.model.state_dict()
-        self._params = (
-            {k: v.detach().numpy() for k, v in state.items()}
-            if self.device.type == "cpu"
-            else {k: v.detach().cpu().numpy() for k, v in state.items()}
-        )
+        # The model's parameters are views of one flat buffer per held version (a shared-memory
+        # segment on the CPU: the store fills it in place, a neighbour copies it whole; one CUDA
+        # tensor on a GPU, the store's bytes staged in host memory first).
+        rt = recipe.runtime
+        self.versions = WeightsVersions(self.model, rt.worker_versions, rt.peer_weights_s)
+        self._staging = None if self.device.type == "cpu" else host_staging(self.versions.buffers[0])
+        self._maps = PeerMappings()  # this worker's mappings of its neighbours' buffers
         self.version: int | None = None
-        self._kept: dict[int, dict[str, np.ndarray]] = {}  # version -> a copy of its weights
         self.weights_fetches = 0  # from the store
-        self.weights_switches = 0  # from a kept copy
+        self.weights_switches = 0  # to a held version
         self.weights_peer_copies, self.peer_bytes, self.peer_s = 0, 0, 0.0  # from a neighbour
         self._loading: int | None = None  # the version being loaded now
         self._loaded = asyncio.Event()  # set when that load ends (done or failed)
-        self.lender = WeightsLender(recipe.runtime.peer_weights_s)
         self.lend_delay_s = lend_delay_s
         path = os.environ.get(WEIGHTS_LOG_ENV)
         self._weights_log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
@@ -140,80 +148,83 @@ class WorkerCore:
             if fd is not None:
                 os.close(fd)
         self._step_log = self._weights_log = None
-        self.lender.close()
+        self._maps.close()
+        self.versions.close()
         self.sp.close()
 
     # --- weights -------------------------------------------------------------------------------
     async def load_weights(self, version: int, peer: m.WeightsPeer | None = None) -> None:
-        """Make ``version`` this worker's weights: already current, a kept copy, a copy from
-        ``peer`` (a worker of this node holding it, named by the agent), or the store — in that
-        order; a failed peer copy falls back to the store (one log line)."""
+        """Make ``version`` this worker's weights: already current, a held buffer (rebound, no
+        copy), a copy from ``peer`` (a worker of this node holding it, named by the agent), or the
+        store — in that order; a failed peer copy falls back to the store (one log line). A new
+        version goes into a buffer no neighbour is copying from (waiting for its pin to end)."""
         if self.version == version:
             return
-        keep = self.recipe.runtime.worker_versions
-        if keep > 1 and self.version is not None and self.version not in self._kept:
-            self._kept[self.version] = {k: v.copy() for k, v in self._params.items()}
         self.version = None  # half-loaded weights are no version at all
         self._loading, self._loaded = version, asyncio.Event()
         try:
             t0 = time.perf_counter()
-            if version in self._kept:
-                for k, v in self._kept[version].items():
-                    np.copyto(self._params[k], v)
+            buf = self.versions.held(version)
+            if buf is not None:
                 self.weights_switches += 1
-                how, nbytes, copy_s, by = "kept", 0, 0.0, ""
-            elif peer is not None and (borrowed := await self._borrow(peer, version)):
-                nbytes, copy_s = borrowed
-                self.weights_peer_copies += 1
-                self.peer_bytes += nbytes
-                self.peer_s += time.perf_counter() - t0
-                how, by = "peer", peer.worker
+                how, nbytes, copy_s, cpu_s, by, mapped = "kept", 0, 0.0, 0.0, "", False
             else:
-                t1 = time.perf_counter()  # after a failed peer copy: the store's part alone
-                await self.store.get_weights(version, out=self._params)
-                self.weights_fetches += 1
-                how, by = "store", ""
-                nbytes, copy_s = sum(v.nbytes for v in self._params.values()), time.perf_counter() - t1
-            if self.device.type != "cpu":
-                with torch.no_grad():
-                    for k, v in self.model.state_dict().items():
-                        v.copy_(torch.from_numpy(self._params[k]), non_blocking=False)
+                buf = await self.versions.slot_for(version)
+                if peer is not None and (borrowed := await self._borrow(peer, version, buf)):
+                    nbytes, copy_s, cpu_s, mapped = (borrowed.nbytes, borrowed.copy_s, borrowed.cpu_s,
+                                                     borrowed.mapped)
+                    self.weights_peer_copies += 1
+                    self.peer_bytes += nbytes
+                    self.peer_s += time.perf_counter() - t0
+                    how, by = "peer", peer.worker
+                else:
+                    t1 = time.perf_counter()  # after a failed peer copy: the store's part alone
+                    if self._staging is None:
+                        await self.store.get_weights(version, out=buf.arrays)
+                    else:
+                        host, arrays = self._staging
+                        await self.store.get_weights(version, out=arrays)
+                        buf.flat.copy_(host)
+                        torch.cuda.synchronize(self.device)
+                    self.weights_fetches += 1
+                    how, by, mapped, cpu_s = "store", "", False, 0.0
+                    nbytes, copy_s = buf.nbytes, time.perf_counter() - t1
+                buf.version = version
+            self.versions.use(buf)
             self.version = version
             log_line(self._weights_log, self.worker_id, version, how, nbytes, time.perf_counter() - t0,
-                     copy_s, by)
+                     copy_s, cpu_s, mapped, by)
         finally:
             self._loading = None
             self._loaded.set()
-        for old in sorted(self._kept)[: max(0, len(self._kept) - keep)]:  # the newest `keep` stay
-            del self._kept[old]
 
-    async def _borrow(self, peer: m.WeightsPeer, version: int) -> tuple[int, float] | None:
-        """Copy ``version`` from ``peer`` into this worker's parameters (bytes, copy seconds);
-        None when it could not."""
+    async def _borrow(self, peer: m.WeightsPeer, version: int, buf) -> Borrowed | None:
+        """Copy ``version`` from ``peer`` into ``buf``; None when it could not."""
         try:
-            return await borrow(peer, version, self._params, self.recipe.runtime.peer_weights_s)
+            return await borrow(peer, version, buf, self._maps, self.recipe.runtime.peer_weights_s)
         except (SpotlightError, OSError) as e:
             log.warning("%s: version %d from peer %s failed (%s: %s); fetching it from the store",
                         self.worker_id, version, peer.worker, type(e).__name__, e)
             return None
 
     async def lend_weights(self, version: int) -> m.WeightsLent:
-        """A neighbour asks for ``version``: lend the current weights or a kept copy, after this
-        worker's own load of it when one is in progress. ``NotFound`` when it holds neither."""
+        """A neighbour asks for ``version``: lend the buffer holding it (current or kept), after
+        this worker's own load of it when one is in progress, pinned until the neighbour returns it.
+        ``NotFound`` when it holds neither."""
         log_line(self._weights_log, self.worker_id, version, "lend")
         if self.lend_delay_s:  # fault injection (a slow lender): lets tests kill it mid-lend
             await asyncio.sleep(self.lend_delay_s)
         while self._loading == version:
             await self._loaded.wait()
-        # No await from here to the copy into the segment: the arrays cannot change under it.
-        if self.version == version:
-            arrays = self._params
-        elif version in self._kept:
-            arrays = self._kept[version]
-        else:
-            raise NotFound(f"{self.worker_id} holds versions {sorted({*self._kept, self.version} - {None})}, "
-                           f"not {version}")
-        return self.lender.lend(version, arrays)
+        buf = self.versions.held(version)
+        if buf is None:
+            held = sorted(self.versions.versions())
+            raise NotFound(f"{self.worker_id} holds versions {held}, not {version}")
+        return lent_message(version, self.versions.pin(buf), buf)
+
+    def weights_returned(self, token: str) -> None:
+        """A neighbour copied the version it was lent under ``token``."""
+        self.versions.unpin(token)
 
     # --- requests ------------------------------------------------------------------------------
     def progress(self) -> m.WorkerProgress:

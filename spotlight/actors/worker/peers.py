@@ -1,124 +1,188 @@
 """Weights between the workers of one node: a worker lends a version it holds, a worker that lacks
-it borrows it (one shared-memory segment, ``spotlight.parallel.peer``) instead of fetching it from
-the tensor store, so a node fetches each version across the network once, not once per worker.
+it borrows it instead of fetching it from the tensor store, so a node fetches each version across
+the network once, not once per worker.
 
-- ``WeightsLender`` (the lender's side, inside the worker's process shell): copies the version's
-  arrays into a fresh segment (one per version, shared by the borrowers that ask while it is out)
-  and answers ``WeightsLent``; the segment is freed when its borrowers say ``WeightsReturned``,
-  after ``runtime.peer_weights_s`` if one never does (a borrower that died), and at exit. A
-  SIGKILLed lender's segments are swept by ``shm.sweep_dead`` (its pid is in their names).
+- Lending (``WorkerCore.lend_weights``) copies nothing: a worker's weights already live in one flat
+  buffer per version (``spotlight.parallel.flat``, kept by ``WeightsVersions``): a shared-memory
+  segment on the CPU, one CUDA tensor on a GPU. ``WeightsLent`` names that live buffer (segment and
+  generation, or one CUDA IPC handle) and the version is pinned until the borrower says
+  ``WeightsReturned`` or ``runtime.peer_weights_s`` passed.
 - ``borrow`` (the borrower's side): asks the peer the node agent named (``WeightsPeer``), ends the
-  wait at once if the peer's process exits (a pidfd), copies with ``preadv`` into the borrower's
-  own arrays, returns the segment. Every failure is an exception for the caller, which fetches
-  from the store instead.
-- On a GPU worker the arrays lent and filled are the worker's host copy of its weights (which
-  ``WorkerCore`` keeps for the store's loads and copies to the device after each), so the path is
-  the same as on CPU. A device-to-device copy (CUDA IPC + cupy peer copy,
-  ``spotlight.parallel.peer.copy_from_cuda_peer``, used by the standalone SP harness) is not wired
-  in here: it would need the lender to hold its device weights unchanged until the borrower is done.
+  wait at once if the peer's process exits (a pidfd), copies the whole version with ONE copy into
+  its own flat buffer from a mapping it keeps (``PeerMappings``: one per lender's buffer, reused
+  across versions, dropped when that lender dies), checks the generation did not move (a lender
+  that reloaded after the pin expired), returns it. Every failure is an exception for the caller,
+  which fetches from the store instead.
 - The weights log (``SPOTLIGHT_WEIGHTS_LOG``, set by the local runtime to ``<logs>/weights.log``):
   one line per version a worker loads, ``pid worker version how bytes seconds copy_seconds
-  [peer]`` with ``how`` in store | peer | kept (``seconds``: the whole load, a wait for the
-  lender's own load included; ``copy_seconds``: the bytes moving), and one ``lend`` line when a
+  cpu_seconds end mapped [peer]`` with ``how`` in store | peer | kept (``seconds``: the whole
+  load, a wait for the lender's own load included; ``copy_seconds``: the bytes moving;
+  ``cpu_seconds``: a peer copy's thread CPU time; ``end``: wall clock at the
+  end; ``mapped``: 1 when the copy first mapped the lender's buffer), and one ``lend`` line when a
   worker is asked to lend (what the tests and ``bench/peer_weights.py`` count);
   ``read_weights_log`` parses it.
 
-Knows segments, sockets and pids; nothing of models, queues or leases.
+Knows buffers, segments, sockets and pids; nothing of models, queues or leases.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 import os
-import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from spotlight.comm import messages as m
+from spotlight.comm.shm import HEADER, open_readonly
 from spotlight.comm.transport import RpcClient
 from spotlight.errors import ActorDead, ProtocolError
-from spotlight.parallel.peer import copy_into, share_arrays
+from spotlight.parallel.flat import FlatWeights
 
 WEIGHTS_LOG_ENV = "SPOTLIGHT_WEIGHTS_LOG"
 """Environment variable naming the file every weights load (and lend) is logged to (measurement)."""
 
 
-@dataclass(slots=True)
-class _Lent:
-    segment: Any  # an OwnedSegment
-    layout: dict[str, list]
-    nbytes: int
-    borrowers: set[str]
-    expiry: asyncio.TimerHandle | None = None
+def lent_message(version: int, token: str, buf: FlatWeights) -> m.WeightsLent:
+    """What a lender answers for ``buf`` (holding ``version``, pinned under ``token``)."""
+    if buf.device.type == "cpu":
+        return m.WeightsLent(version=version, token=token, segment=buf.segment, nbytes=buf.nbytes,
+                             layout=buf.layout, generation=buf.generation)
+    from spotlight.parallel.device import cuda_ipc_export
+
+    return m.WeightsLent(version=version, token=token, segment="", nbytes=buf.nbytes, layout=buf.layout,
+                         generation=buf.generation, cuda=cuda_ipc_export(buf.flat).to_wire())
 
 
-class WeightsLender:
-    """The segments a worker has lent and not yet had back: one per version, shared by every
-    borrower of that version that asks while it is out (versions are immutable). When the last of
-    them returns it, it is kept as the spare the next version is copied into (warm pages: a fresh
-    segment's page faults ran at ~0.3 GB/s here against ~2 GB/s warm); ``ttl_s`` after the latest
-    lend it is freed if a borrower never returned it (it may still be reading: never reused)."""
+class PeerMappings:
+    """A borrower's mappings of its lenders' buffers, ``(pid, segment)`` -> a read-only mapping
+    (or ``(pid, IPC handle)`` -> the imported CUDA tensor): mapped once, pages populated, reused
+    for every later version the lender lends from the same buffer (a fresh mapping per copy ran
+    at ~40% of memcpy here, an existing one at ~66%, ``preadv`` at ~20%). Mappings of a lender
+    that exited are dropped; at most ``max_maps`` are kept (oldest dropped first)."""
 
-    def __init__(self, ttl_s: float) -> None:
-        self.ttl_s = ttl_s
-        self._lent: dict[int, _Lent] = {}  # version -> its segment
-        self._tokens: dict[str, int] = {}  # borrower token -> version
-        self._spare = None  # a segment every borrower has returned
+    def __init__(self, max_maps: int = 16) -> None:
+        self.max_maps = max_maps
+        self._maps: OrderedDict[tuple[int, Any], Any] = OrderedDict()
+        self.mapped = 0  # mappings made (a copy that made one paid for faulting its page table in)
 
-    def lend(self, version: int, arrays: dict[str, np.ndarray]) -> m.WeightsLent:
-        """Weights ``version`` (``arrays``) in a segment, lent until returned: copied into a fresh
-        one unless that version is out already."""
-        loop = asyncio.get_running_loop()
-        lent = self._lent.get(version)
-        if lent is None:
-            seg, layout, nbytes = share_arrays(arrays, into=self._spare)
-            self._spare = None
-            lent = self._lent[version] = _Lent(seg, layout, nbytes, set())
-        if lent.expiry is not None:
-            lent.expiry.cancel()
-        lent.expiry = loop.call_later(self.ttl_s, self._free, version)
-        token = secrets.token_hex(8)
-        lent.borrowers.add(token)
-        self._tokens[token] = version
-        return m.WeightsLent(version=version, token=token, segment=lent.segment.name, nbytes=lent.nbytes,
-                             layout=lent.layout)
+    def segment(self, pid: int, name: str, size: int) -> mmap.mmap:
+        self._drop_exited()
+        key = (pid, name)
+        mm = self._maps.get(key)
+        if mm is not None and len(mm) < size:
+            self.drop(pid, name)
+            mm = None
+        if mm is None:
+            fd = open_readonly(name)
+            try:
+                if os.fstat(fd).st_size < size:
+                    raise ProtocolError(f"segment {name!r} is smaller than the lent weights")
+                mm = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            self._add(key, mm)
+            self.mapped += 1
+        self._maps.move_to_end(key)
+        return mm
 
-    def returned(self, token: str) -> None:
-        """A borrower is done. Unknown tokens are ignored (a late return after the expiry)."""
-        version = self._tokens.pop(token, None)
-        lent = self._lent.get(version) if version is not None else None
-        if lent is not None:
-            lent.borrowers.discard(token)
-            if not lent.borrowers:
-                self._free(version, spare=True)
+    def cuda(self, pid: int, handle: dict[str, Any]) -> torch.Tensor:
+        from spotlight.parallel.device import cuda_ipc_import
 
-    def _free(self, version: int, spare: bool = False) -> None:
-        lent = self._lent.pop(version, None)
-        if lent is not None:
-            if lent.expiry is not None:
-                lent.expiry.cancel()
-            for token in lent.borrowers:
-                self._tokens.pop(token, None)
-            if spare and self._spare is None:
-                self._spare = lent.segment
-            else:
-                lent.segment.close()
+        self._drop_exited()
+        key = (pid, bytes(handle["handle"]))
+        t = self._maps.get(key)
+        if t is None:
+            t = cuda_ipc_import(handle)
+            self._add(key, t)
+            self.mapped += 1
+        self._maps.move_to_end(key)
+        return t
 
-    @property
-    def lent(self) -> int:
-        """Segments out now."""
-        return len(self._lent)
+    def drop(self, pid: int, name: Any) -> None:
+        for key in [k for k in self._maps if k[0] == pid and (name is None or k[1] == name)]:
+            _close(self._maps.pop(key))
+
+    def _add(self, key, value) -> None:
+        self._maps[key] = value
+        while len(self._maps) > self.max_maps:
+            _close(self._maps.popitem(last=False)[1])
+
+    def _drop_exited(self) -> None:
+        for pid in {k[0] for k in self._maps}:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                self.drop(pid, None)
+            except PermissionError:
+                pass
+
+    def __len__(self) -> int:
+        return len(self._maps)
 
     def close(self) -> None:
-        for version in list(self._lent):
-            self._free(version)
-        if self._spare is not None:
-            self._spare.close()
-            self._spare = None
+        while self._maps:
+            _close(self._maps.popitem()[1])
+
+
+def _close(mapping: Any) -> None:
+    if isinstance(mapping, mmap.mmap):
+        with contextlib.suppress(BufferError):  # a view still alive: unmapped when it is collected
+            mapping.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Borrowed:
+    """A peer copy done: ``copy_s`` wall seconds of the copy itself (after the lender answered),
+    ``cpu_s`` of them on a CPU (the copying thread's; less than ``copy_s`` when other processes
+    shared its core), ``mapped``: it first mapped the lender's buffer."""
+
+    nbytes: int
+    copy_s: float
+    cpu_s: float
+    mapped: bool
+
+
+def copy_lent(lent: m.WeightsLent, pid: int, into: FlatWeights, maps: PeerMappings) -> int:
+    """Copy the version ``lent`` describes (a buffer of process ``pid``) into ``into``: one copy of
+    the whole flat buffer; returns the bytes. Blocking (run it off the loop's thread)."""
+    if lent.nbytes != into.nbytes or lent.layout != into.layout:
+        raise ProtocolError(f"peer weights' layout differs from this model's ({lent.nbytes} B vs "
+                            f"{into.nbytes} B)")
+    if into.device.type == "cpu":
+        if not lent.segment:
+            raise ProtocolError("peer lent a CUDA buffer to a CPU worker")
+        mm = maps.segment(pid, lent.segment, HEADER + lent.nbytes)
+        src = np.frombuffer(mm, dtype=np.uint8, count=lent.nbytes, offset=HEADER)
+        np.copyto(into.flat.numpy(), src)
+        gen = int(np.frombuffer(mm, dtype=np.uint64, count=1)[0])
+        del src
+        if gen != lent.generation:
+            raise ProtocolError(f"the lender reloaded its buffer during the copy (generation {gen} != "
+                                f"{lent.generation})")
+        return lent.nbytes
+    if lent.cuda is None:
+        raise ProtocolError("peer lent a host segment to a GPU worker")
+    from spotlight.parallel.device import peer_copy
+
+    src = maps.cuda(pid, lent.cuda)
+    if src.dtype != torch.uint8 or src.numel() != lent.nbytes:
+        raise ProtocolError(f"peer's CUDA buffer is {src.dtype}[{src.numel()}], not uint8[{lent.nbytes}]")
+    peer_copy(into.flat, src)
+    return lent.nbytes
+
+
+def _timed(fn, *args) -> tuple[Any, float]:
+    """``fn(*args)`` and the CPU seconds this thread spent in it."""
+    t0 = time.thread_time()
+    out = fn(*args)
+    return out, time.thread_time() - t0
 
 
 async def _exited(pid: int) -> None:
@@ -136,12 +200,11 @@ async def _exited(pid: int) -> None:
         os.close(fd)
 
 
-async def borrow(peer: m.WeightsPeer, version: int, arrays: dict[str, np.ndarray],
-                 timeout_s: float) -> tuple[int, float]:
-    """Fill ``arrays`` with weights ``version`` from ``peer``; returns the bytes copied and the
-    seconds the copy itself took (after the lender answered). Raises
+async def borrow(peer: m.WeightsPeer, version: int, into: FlatWeights, maps: PeerMappings,
+                 timeout_s: float) -> Borrowed:
+    """Fill ``into`` with weights ``version`` from ``peer``. Raises
     (``ActorTimeout``, ``ActorDead``, ``NotFound``, ``ProtocolError``, ``OSError``) when it could
-    not; ``arrays`` may then hold part of a copy (the caller loads them again from the store)."""
+    not; ``into`` may then hold part of a copy (the caller loads it again from the store)."""
     async with RpcClient(peer.endpoint, timeout=timeout_s) as rpc:
         ask = asyncio.ensure_future(rpc.call(m.LendWeights(version=version)))
         died = asyncio.ensure_future(_exited(peer.pid))
@@ -156,25 +219,31 @@ async def borrow(peer: m.WeightsPeer, version: int, arrays: dict[str, np.ndarray
         if not ask.done() or ask.cancelled():
             with contextlib.suppress(asyncio.CancelledError):
                 await ask
+            maps.drop(peer.pid, None)
             raise ActorDead(f"peer {peer.worker} (pid {peer.pid}) exited before lending version {version}")
         lent = ask.result()
         if not isinstance(lent, m.WeightsLent) or lent.version != version:
             raise ProtocolError(f"peer {peer.worker} answered {type(lent).__name__} for version {version}")
         try:  # the copy runs off the loop's thread: status and stop are answered meanwhile
-            t0 = time.perf_counter()
-            nbytes = await asyncio.to_thread(copy_into, arrays, lent.segment, lent.layout)
-            return nbytes, time.perf_counter() - t0
-        finally:  # the lender frees the segment (it would after peer_weights_s anyway)
+            t0, mapped = time.perf_counter(), maps.mapped
+            nbytes, cpu_s = await asyncio.to_thread(_timed, copy_lent, lent, peer.pid, into, maps)
+            return Borrowed(nbytes, time.perf_counter() - t0, cpu_s, maps.mapped > mapped)
+        except BaseException:
+            maps.drop(peer.pid, lent.segment or None)
+            raise
+        finally:  # the lender unpins the version (it would after peer_weights_s anyway)
             with contextlib.suppress(Exception):
                 await rpc.call(m.WeightsReturned(token=lent.token), timeout=min(timeout_s, 2.0))
 
 
 # --- the weights log ------------------------------------------------------------------------------
 def log_line(fd: int | None, worker: str, version: int, how: str, nbytes: int = 0, seconds: float = 0.0,
-             copy_s: float = 0.0, peer: str = "") -> None:
-    """One O_APPEND write (concurrent workers never interleave within a line)."""
+             copy_s: float = 0.0, cpu_s: float = 0.0, mapped: bool = False, peer: str = "") -> None:
+    """One O_APPEND write (concurrent workers never interleave within a line); ``end``: the
+    wall-clock time now (the load's end), so copies that overlapped can be told apart."""
     if fd is not None:
-        line = f"{os.getpid()} {worker} {version} {how} {nbytes} {seconds:.6f} {copy_s:.6f} {peer}\n"
+        line = (f"{os.getpid()} {worker} {version} {how} {nbytes} {seconds:.6f} {copy_s:.6f} "
+                f"{cpu_s:.6f} {time.time():.6f} {int(mapped)} {peer}\n")
         os.write(fd, line.encode())
 
 
@@ -187,6 +256,9 @@ class WeightsEvent:
     nbytes: int
     seconds: float
     copy_s: float
+    cpu_s: float  # a peer copy's CPU seconds (its thread's)
+    end: float  # wall clock (time.time) at the load's end
+    mapped: bool  # a peer copy that first mapped the lender's buffer (its first borrow from it)
     peer: str
 
     @property
@@ -199,8 +271,9 @@ def read_weights_log(path: str | os.PathLike) -> list[WeightsEvent]:
     with contextlib.suppress(FileNotFoundError), open(path) as f:
         for line in f:
             parts = line.split()
-            if len(parts) in (7, 8):
-                pid, worker, version, how, nbytes, seconds, copy_s, *peer = parts
+            if len(parts) in (10, 11):
+                pid, worker, version, how, nbytes, seconds, copy_s, cpu_s, end, mapped, *peer = parts
                 events.append(WeightsEvent(int(pid), worker, int(version), how, int(nbytes), float(seconds),
-                                           float(copy_s), peer[0] if peer else ""))
+                                           float(copy_s), float(cpu_s), float(end), mapped == "1",
+                                           peer[0] if peer else ""))
     return events

@@ -37,7 +37,7 @@ def worker_handlers(core: WorkerCore) -> dict[type[m.Message], Any]:
         return m.Ok()
 
     def returned(msg: m.WeightsReturned) -> m.Ok:
-        core.lender.returned(msg.token)
+        core.weights_returned(msg.token)
         return m.Ok()
 
     return {m.WorkerRun: run, m.WorkerStatus: lambda msg: core.progress(),
