@@ -8,6 +8,11 @@ parameters and one into the joiner's. GPU: `spotlight.parallel.device` moves the
 CUDA IPC / cupy peer copy. The layout (name -> dtype, shape, byte offset) travels in the
 `WeightsShared` message; a layout from a peer is checked against the joiner's own parameters.
 
+The runtime's workers do not copy into a segment to lend: their parameters already live in one
+flat buffer per version (`spotlight.parallel.flat`), lent as is; `layout_of` is shared with them.
+`share` / `copy_from_segment` / `copy_from_cuda_peer` serve the SP group members and the standalone
+harness (`bench/elastic_sp.py`).
+
 This module knows state dicts and segments; nothing of sockets or schedulers.
 """
 

@@ -1,11 +1,15 @@
 """Weights from a peer on the same node, through the real runtime (queue, store, controller, one
 node agent with three worker processes over ipc): each published version is fetched from the
 tensor store once by the node, the node's other workers copy it from a neighbour through shared
-memory (the agent's ``WorkerRun.peer`` hint), a worker switching back to a kept version copies it
-locally, and every trajectory is bit-identical to the in-process rollout with that version's
-weights. With ``runtime.peer_weights = false`` every worker fetches from the store (the baseline)."""
+memory (the agent's ``WorkerRun.peer`` hint: the lender's live buffer, no per-lend segment), a
+worker switching back to a kept version rebinds it, and every trajectory is bit-identical to the
+in-process rollout with that version's weights. With ``runtime.peer_weights = false`` every
+worker fetches from the store (the baseline)."""
 
 from __future__ import annotations
+
+import os
+from collections import Counter
 
 import pytest
 import torch
@@ -14,6 +18,7 @@ from spotlight.actors.procs import alive
 from spotlight.actors.runtime import LocalRuntime
 from spotlight.actors.worker.peers import read_weights_log
 from spotlight.comm import messages as m
+from spotlight.comm.shm import PREFIX, SHM_DIR
 from spotlight.policy.sampler import sde_rollout
 from spotlight.recipe import load_recipe
 from spotlight.work import policy_model
@@ -76,8 +81,13 @@ def test_each_version_crosses_to_the_node_once(tmp_path, peer_weights):
         with LocalRuntime(recipe) as rt:
             run_versions(rt, recipe, states)
             pids = rt.pids()
+            segments = Counter(int(n[len(PREFIX):].split("-", 1)[0]) for n in os.listdir(SHM_DIR)
+                               if n.startswith(PREFIX) and "-peer-" in n)
             log = rt.log_dir / "weights.log"
     assert [p for p in pids if alive(p)] == []
+    # Lending copied nothing: every worker's segments are its buffers (the current version and
+    # worker_versions = 2 more), made at its start, none per lend.
+    assert sorted(n for pid, n in segments.items() if pid in pids) == [3, 3, 3], segments
 
     events = [e for e in read_weights_log(log) if e.how != "lend"]
     for v in range(VERSIONS):
