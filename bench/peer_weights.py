@@ -1,7 +1,7 @@
 """Weights from a peer on the same node, through the real runtime: store fetches per version per
 node, and the peer copy's bandwidth against this machine's memcpy.
 
-    taskset -c 1 .venv/bin/python bench/peer_weights.py [--versions 3] [--workers 3] [--layers 4]
+    taskset -c 1 .venv/bin/python bench/peer_weights.py [--versions 9] [--workers 3] [--layers 4]
 
 One invocation, the two modes side by side (the same code, ``runtime.peer_weights`` on and off):
 a LocalRuntime (queue, tensor store, controller) and one node agent with ``--workers`` worker
@@ -11,15 +11,23 @@ versions, one 2-step rollout request per worker is submitted and waited for; the
 log (``<logs>/weights.log``) says how every worker got each version:
 - **store fetches per version per node**: the node's loads that crossed from the tensor store
   (the network, on a real spot node; here the store's shared-memory path on the same machine).
-- **peer copy**: a worker copying the version from a neighbour (``LendWeights``: the lender copies
-  its weights into a fresh segment, the borrower ``preadv``s them into its own parameters).
-  ``copy`` GB/s is the borrower's copy alone; ``load`` GB/s is the borrower's whole load as it
-  waited for it (the ask, the lender's wait for its own load of that version, the lender's copy
-  into the segment, the copy, the reply), the number a joining worker sees.
+- **peer copy**: a worker copying the version from a neighbour (``LendWeights``: the lender lends
+  the live shared-memory buffer its parameters are views of, pinned, no copy; the borrower copies
+  it whole into its own buffer from a mapping it keeps per lender buffer). ``copy`` GB/s is one
+  borrower's copy alone, split into copies that first mapped the lender's buffer (the first borrow
+  from each of its ``runtime.worker_versions`` + 1 buffers) and copies from a buffer already
+  mapped (the steady state); ``node copy`` GB/s is the bytes all borrowers of one version copied
+  over the wall time from the first copy's start to the last one's end (the node's borrowers copy
+  at the same time, here on one core); ``load`` GB/s is the borrower's whole load as it waited for
+  it (the ask, the lender's wait for its own store load of that version, the copy, the reply), the
+  number a joining worker sees. ``per CPU-s``: the bytes over the copying thread's CPU time
+  (``time.thread_time``): what the copy costs the machine, without the time the one shared core
+  spent on the node's other processes (the lender starts its rollout as the borrowers copy).
 - **memcpy**: ``spotlight.parallel.peer.memcpy_gbps`` on a buffer of the model's size, in this
   process, on the same cores.
-The injected slow device (0.2 s after each step) keeps workers mostly idle while others copy, so
-the copies do not also compete with the tiny model's compute for the two cores.
+The injected slow device (0.2 s after each step) keeps workers idle between steps; a lender's
+first step still runs while its borrowers copy (it starts its rollout once it has answered them),
+on the same core when the bench is pinned to one.
 """
 
 from __future__ import annotations
@@ -76,14 +84,14 @@ def run_mode(args, peer: bool, out: str) -> list:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--versions", type=int, default=3)
+    ap.add_argument("--versions", type=int, default=9)
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--layers", type=int, default=4)
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["SPOTLIGHT_WORKER_STEP_DELAY_S"] = "0.2"
     torch.set_num_threads(1)
-    started = datetime.datetime.now(datetime.UTC)
+    started, load0 = datetime.datetime.now(datetime.UTC), os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as out:
         modes = {"peer": run_mode(args, True, out), "store-only": run_mode(args, False, out)}
     nbytes = next(e.nbytes for e in modes["peer"] if e.how == "store")
@@ -102,14 +110,30 @@ def main() -> None:
         if stores:
             rows.append((f"{name}: store fetch GB/s (median; the store's shm path here)",
                          f"{statistics.median(e.nbytes / e.copy_s / 1e9 for e in stores):.2f}", ""))
-        if peers:
-            copy = statistics.median(e.nbytes / e.copy_s / 1e9 for e in peers)
-            whole = statistics.median(e.nbytes / e.seconds / 1e9 for e in peers)
-            rows.append((f"{name}: peer copy GB/s, copy alone / whole load (median)",
-                         f"{copy:.2f} / {whole:.2f}",
-                         f"{100 * copy / mem:.0f}% / {100 * whole / mem:.0f}% of memcpy (goal >= 50%)"))
+        if not peers:
+            continue
+        for label, group in (("from a mapped buffer", [e for e in peers if not e.mapped]),
+                             ("first from a buffer (maps it)", [e for e in peers if e.mapped])):
+            if group:
+                copy = statistics.median(e.nbytes / e.copy_s / 1e9 for e in group)
+                cpu = statistics.median(e.nbytes / e.cpu_s / 1e9 for e in group if e.cpu_s > 0)
+                rows.append((f"{name}: peer copy GB/s, one borrower, {label} (median): wall / per CPU-s",
+                             f"{copy:.2f} / {cpu:.2f}", f"{100 * copy / mem:.0f}% / {100 * cpu / mem:.0f}% "
+                             f"of memcpy; {len(group)} copies"))
+        node = []
+        for v in {e.version for e in peers}:
+            copies = [e for e in peers if e.version == v]
+            span = max(e.end for e in copies) - min(e.end - e.copy_s for e in copies)
+            node.append(sum(e.nbytes for e in copies) / span / 1e9)
+        rows.append((f"{name}: node copy GB/s, a version's borrowers together (median)",
+                     f"{statistics.median(node):.2f}",
+                     f"{100 * statistics.median(node) / mem:.0f}% of memcpy (goal >= 50%); "
+                     f"{len(peers) / len(node):.1f} borrowers per version"))
+        whole = statistics.median(e.nbytes / e.seconds / 1e9 for e in peers)
+        rows.append((f"{name}: peer whole load GB/s (median)", f"{whole:.2f}",
+                     f"{100 * whole / mem:.0f}% of memcpy (includes the wait for the lender's store load)"))
     rows.append((f"memcpy GB/s ({nbytes / 1e6:.0f} MB, median of 3)", f"{mem:.2f}", ""))
-    rows.append(("machine load average (1 min) at the end", f"{load:.1f}",
+    rows.append(("machine load average (1 min) at the start / end", f"{load0:.1f} / {load:.1f}",
                  f"{os.cpu_count()} cores; started {started:%Y-%m-%d %H:%M} UTC"))
     width = max(len(r[0]) for r in rows)
     print(f"\n| {'measure':<{width}} | value | note |")
