@@ -2,7 +2,9 @@
 it answers (fault injection: a slow lender, ``SPOTLIGHT_WORKER_LEND_DELAY_S``). The borrower sees
 the lender's exit at once (a pidfd, not the ``runtime.peer_weights_s`` wait), fetches the version
 from the store instead, and every request — the killed lender's included, resumed from its last
-commit — ends bit-identical to the in-process rollout. No lent segment outlives the run."""
+commit — ends bit-identical to the in-process rollout. No lent segment outlives the run. And a
+borrower that holds a lent version past ``runtime.peer_weights_s`` (``SPOTLIGHT_WORKER_BORROW_DELAY_S``):
+the lender's version switch waits for that bound and no longer, the late copy is refused."""
 
 from __future__ import annotations
 
@@ -79,3 +81,59 @@ def test_borrower_falls_back_to_the_store_when_the_lender_is_killed(tmp_path):
     leaked = [n for n in os.listdir(SHM_DIR) if n.startswith(PREFIX) and "-peer-" in n
               and int(n[len(PREFIX):].split("-", 1)[0]) in pids]
     assert leaked == []
+
+
+def test_a_lent_version_is_pinned_until_its_bound_then_a_late_copy_is_refused(tmp_path):
+    """One buffer per worker (``runtime.worker_versions = 1``); the borrower of version 0 holds it
+    (fault injection: ``SPOTLIGHT_WORKER_BORROW_DELAY_S``) past ``runtime.peer_weights_s``. The
+    lender, handed version 1 meanwhile, does not reload its lent buffer until that bound (the pin),
+    then does; the borrower's late copy sees the buffer's generation moved, is refused, and the
+    borrower fetches version 0 from the store. Every trajectory is bit-identical."""
+    torch.set_num_threads(1)
+    pin_s, hold_s = 2.0, 6.0
+    tiny = [t for t in TINY if not t.startswith("runtime.peer_weights_s")]
+    recipe = load_recipe("tiny", [*tiny, f"runtime.peer_weights_s={pin_s}", "runtime.worker_versions=1",
+                                  f'run.out_dir="{tmp_path}"'])
+    torch.manual_seed(0)
+    model = policy_model(recipe)
+    states = [{k: v.clone() for k, v in model.state_dict().items()}]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    states.append({k: v.clone() for k, v in model.state_dict().items()})
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
+        env.setenv("SPOTLIGHT_WORKER_STEP_DELAY_S", "0.02")
+        env.setenv("SPOTLIGHT_WORKER_BORROW_DELAY_S", str(hold_s))
+        with LocalRuntime(recipe) as rt:
+            log = rt.log_dir / "weights.log"
+            for v, state in enumerate(states):
+                rt.call(rt.store.publish_weights(v, {k: t.numpy() for k, t in state.items()}))
+            jobs = [m.RolloutWork(prompt=PROMPT, seeds=SEEDS, version=v) for v in (0, 1)]
+            rt.call(rt.queue.submit([m.WorkRequest(request_id=f"v0/{i}", batch="b0", work=jobs[0])
+                                     for i in range(2)]))
+            (lend,) = wait_for(lambda: [e for e in read_weights_log(log) if e.how == "lend"][:1], 60,
+                               "a worker asked to lend version 0")
+            rt.call(rt.queue.submit([m.WorkRequest(request_id="v1/0", batch="b1", work=jobs[1])]))
+            results = []
+            for batch in ("b0", "b1"):
+                done = rt.call(rt.queue.wait_batch(batch, 120), timeout=150)
+                assert done.dead == [], done.dead
+                results.extend(done.results)
+            for result in results:
+                model.load_state_dict(states[int(result.key.split("/")[1][1])])
+                ref = sde_rollout(model, [PROMPT] * 4, SEEDS, recipe.sampler, (3, 16, 16))
+                traj, _ = rt.call(rt.store.get(result.key))
+                assert torch.equal(torch.from_numpy(traj["latents"].copy()), torch.stack(ref.latents))
+                assert torch.equal(torch.from_numpy(traj["log_probs"].copy()), torch.stack(ref.log_probs))
+
+    events = [e for e in read_weights_log(log) if e.how != "lend"]
+    lender_v1 = [e for e in events if e.pid == lend.pid and e.version == 1]
+    borrower_v0 = [e for e in events if e.pid != lend.pid and e.version == 0]
+    assert lender_v1 and borrower_v0, events
+    assert borrower_v0[0].how == "store" and borrower_v0[0].seconds >= hold_s, events  # refused, refetched
+    assert not [e for e in events if e.how == "peer"], events
+    # The lender reloaded its buffer only once the pin's bound passed, and long before the
+    # borrower would have returned it.
+    assert lender_v1[0].end >= lend.end + pin_s * 0.99, (lend, lender_v1)
+    assert lender_v1[0].end < borrower_v0[0].end, events

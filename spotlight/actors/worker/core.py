@@ -105,6 +105,7 @@ class WorkerCore:
         worker_id: str = "worker",
         step_delay_s: float = 0.0,
         lend_delay_s: float = 0.0,
+        borrow_delay_s: float = 0.0,
     ) -> None:
         self.recipe, self.store, self.worker_id = recipe, store, worker_id
         # Fault injection only (a slow device): lets tests land a kill between two steps.
@@ -132,6 +133,7 @@ class WorkerCore:
         self._loading: int | None = None  # the version being loaded now
         self._loaded = asyncio.Event()  # set when that load ends (done or failed)
         self.lend_delay_s = lend_delay_s
+        self.borrow_delay_s = borrow_delay_s  # fault injection: a borrower that holds a lent version
         path = os.environ.get(WEIGHTS_LOG_ENV)
         self._weights_log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
         self.request_id: str | None = None
@@ -201,7 +203,8 @@ class WorkerCore:
     async def _borrow(self, peer: m.WeightsPeer, version: int, buf) -> Borrowed | None:
         """Copy ``version`` from ``peer`` into ``buf``; None when it could not."""
         try:
-            return await borrow(peer, version, buf, self._maps, self.recipe.runtime.peer_weights_s)
+            return await borrow(peer, version, buf, self._maps, self.recipe.runtime.peer_weights_s,
+                                delay_s=self.borrow_delay_s)
         except (SpotlightError, OSError) as e:
             log.warning("%s: version %d from peer %s failed (%s: %s); fetching it from the store",
                         self.worker_id, version, peer.worker, type(e).__name__, e)

@@ -201,8 +201,9 @@ async def _exited(pid: int) -> None:
 
 
 async def borrow(peer: m.WeightsPeer, version: int, into: FlatWeights, maps: PeerMappings,
-                 timeout_s: float) -> Borrowed:
-    """Fill ``into`` with weights ``version`` from ``peer``. Raises
+                 timeout_s: float, delay_s: float = 0.0) -> Borrowed:
+    """Fill ``into`` with weights ``version`` from ``peer``. ``delay_s``: fault injection, a wait
+    between the lender's answer and the copy (a borrower that holds the lent version). Raises
     (``ActorTimeout``, ``ActorDead``, ``NotFound``, ``ProtocolError``, ``OSError``) when it could
     not; ``into`` may then hold part of a copy (the caller loads it again from the store)."""
     async with RpcClient(peer.endpoint, timeout=timeout_s) as rpc:
@@ -225,6 +226,8 @@ async def borrow(peer: m.WeightsPeer, version: int, into: FlatWeights, maps: Pee
         if not isinstance(lent, m.WeightsLent) or lent.version != version:
             raise ProtocolError(f"peer {peer.worker} answered {type(lent).__name__} for version {version}")
         try:  # the copy runs off the loop's thread: status and stop are answered meanwhile
+            if delay_s:
+                await asyncio.sleep(delay_s)
             t0, mapped = time.perf_counter(), maps.mapped
             nbytes, cpu_s = await asyncio.to_thread(_timed, copy_lent, lent, peer.pid, into, maps)
             return Borrowed(nbytes, time.perf_counter() - t0, cpu_s, maps.mapped > mapped)

@@ -46,7 +46,7 @@ def worker_handlers(core: WorkerCore) -> dict[type[m.Message], Any]:
 
 
 async def serve(bind: str, store: str, recipe: Recipe, worker_id: str, step_delay_s: float = 0.0,
-                keys: str | None = None, lend_delay_s: float = 0.0) -> None:
+                keys: str | None = None, lend_delay_s: float = 0.0, borrow_delay_s: float = 0.0) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -54,7 +54,7 @@ async def serve(bind: str, store: str, recipe: Recipe, worker_id: str, step_dela
     curve = cluster_client_keys(keys) if keys else None
     async with TensorStoreClient.remote(store, timeout=recipe.runtime.store_timeout_s, curve=curve) as client:
         core = WorkerCore(recipe, client, worker_id=worker_id, step_delay_s=step_delay_s,
-                          lend_delay_s=lend_delay_s)
+                          lend_delay_s=lend_delay_s, borrow_delay_s=borrow_delay_s)
         try:
             async with RpcServer(worker_handlers(core), bind=bind) as server:
                 announce_ready(f"ready {server.endpoint}")  # the agent waits for this line
@@ -81,10 +81,11 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent()
     delay = float(os.environ.get("SPOTLIGHT_WORKER_STEP_DELAY_S", "0"))  # fault injection (tests)
     lend_delay = float(os.environ.get("SPOTLIGHT_WORKER_LEND_DELAY_S", "0"))  # a slow lender (tests)
+    borrow_delay = float(os.environ.get("SPOTLIGHT_WORKER_BORROW_DELAY_S", "0"))  # a slow borrower (tests)
     torch.set_num_threads(1)  # one worker = one device; on CPU, one core's worth
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(name)s %(levelname)s %(message)s")
     asyncio.run(serve(args.bind, args.store, load_recipe(json.loads(args.recipe_json)), args.worker_id, delay,
-                      args.keys, lend_delay))
+                      args.keys, lend_delay, borrow_delay))
 
 
 if __name__ == "__main__":
