@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 
+from spotlight.comm.shm import sweep_dead
 from spotlight.comm.transport import RpcClient
 from spotlight.errors import (
     ActorTimeout,
@@ -76,3 +77,5 @@ class WorkerHandle:
             self.proc.kill()
         if self.proc is not None:
             await self.proc.wait()  # SIGKILL cannot be caught: the kernel bounds this
+            # Its weights live in shared-memory segments it could not unlink (named by its pid).
+            sweep_dead()
