@@ -66,6 +66,7 @@ from spotlight.actors.controller.service import BackgroundLoop, Controller
 from spotlight.actors.options import to_argv
 from spotlight.actors.worker.core import STEP_LOG_ENV
 from spotlight.actors.worker.peers import WEIGHTS_LOG_ENV
+from spotlight.comm import shm
 from spotlight.comm.auth import cluster_client_keys, cluster_server_keys
 from spotlight.errors import ActorDead, ActorTimeout
 from spotlight.recipe import Recipe
@@ -296,6 +297,9 @@ class LocalRuntime:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        # Workers keep their weights in shared-memory segments; one killed with its agent (or
+        # before it could unlink them) leaves them behind, named by its pid.
+        shm.sweep_dead()
         self.account.close()
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)

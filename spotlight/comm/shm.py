@@ -278,16 +278,22 @@ class OwnedSegment:
     def __init__(self, nbytes: int, populate: bool = False) -> None:
         self.name = f"{PREFIX}{os.getpid()}-peer-{secrets.token_hex(4)}"
         self.mm = _map(self.name, HEADER + max(nbytes, 1), populate)
+        # Unlinked by close, else when collected or at interpreter exit (an owner never closed).
+        self._unlink = weakref.finalize(self, _unlink_quietly, _path(self.name))
 
     def close(self) -> None:
         try:
             self.mm.close()
         except BufferError:
             pass  # a view is still alive; the mapping goes with it
-        try:
-            os.unlink(_path(self.name))
-        except FileNotFoundError:
-            pass
+        self._unlink()
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def open_readonly(name: str) -> int:
