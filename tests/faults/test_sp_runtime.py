@@ -105,6 +105,11 @@ def five(rt) -> dict[str, int] | None:
     return w if len(w) == 5 else None
 
 
+def restart_lines(rt, node: str, worker: str) -> list[str]:
+    log = (rt.log_dir / f"agent-{node}.log").read_text()
+    return [line for line in log.splitlines() if f"{worker} restarting" in line]
+
+
 def run_and_kill(rt, batch: str, victim_rank: int):
     job = m.RolloutWork(prompt=PROMPT, seeds=SEEDS, version=0)
     rid = f"{batch}/0"
@@ -114,6 +119,8 @@ def run_and_kill(rt, batch: str, victim_rank: int):
     rank0, group = held[2]["worker"], held[2]["group"]
     assert held[0] < STEPS and group[0] == rank0 and len(group) == 2  # mid-request, in a group
     victim = group[victim_rank]
+    node = "reserved" if victim.startswith("local-reserved") else "spot"
+    restarts = restart_lines(rt, node, victim)
     os.kill(before[victim], signal.SIGKILL)
     done = rt.call(rt.queue.wait_batch(batch, 90), timeout=120)
     (result,) = done.results
@@ -127,6 +134,14 @@ def run_and_kill(rt, batch: str, victim_rank: int):
     after = wait_for(lambda: five(rt), 120, "the victim restarted")
     assert {w: p for w, p in after.items() if w != victim} == {w: p for w, p in before.items() if w != victim}
     assert after[victim] != before[victim]
+    # Its replacement's start waited for the re-formed group's first commit where a spare let the
+    # group re-form without it (the reserved node); the spot node's group needed it at once.
+    new = wait_for(lambda: restart_lines(rt, node, victim)[len(restarts):], 30, "the restart line")
+    assert len(new) == 1
+    if node == "reserved":
+        assert "restarting after the first commit of the re-formed group" in new[0], new
+    else:
+        assert "restarting at once" in new[0], new
     stats = rt.call(rt.queue.stats()).stats
     return result, stats
 

@@ -55,6 +55,22 @@ def test_death_regroups_survivor_with_a_spare_resuming_from_the_last_commit():
     assert s.requests["r1"].epochs == [1, 2]
 
 
+def test_shortfall_counts_members_leaving_a_broken_group_as_about_to_be_free():
+    # The agent restarts a dead member at once only when the pending requests lack members.
+    s, _ = make(2)
+    s.submit("r1")
+    s.join("a"), s.join("b"), s.join("spare")
+    assert s.shortfall() == 0
+    s.died("b")  # a is still in its collective (releasing), the spare idle: enough for r1
+    assert s.status()["pending"] == ["r1"] and s.shortfall() == 0
+    s.released("a", 1)  # re-formed with the spare
+    assert s.shortfall() == 0 and s.status()["pending"] == []
+    s.died("spare")  # no spare left: r1 waits for the replacement
+    assert s.status()["pending"] == ["r1"] and s.shortfall() == 1
+    s.submit("r2")
+    assert s.shortfall() == 3
+
+
 def test_a_survivor_reporting_the_failed_collective_before_the_death_is_seen():
     s, _ = make(2)
     s.submit("r1")

@@ -193,6 +193,12 @@ class GroupScheduler:
         """Members free to form a group now."""
         return sum(m.state == "idle" for m in self.members.values())
 
+    def shortfall(self) -> int:
+        """Members the pending requests lack, counting those leaving a broken group as about to be
+        free (a dead member's replacement is needed now only when this is > 0)."""
+        free = sum(m.state in ("idle", "releasing") for m in self.members.values())
+        return max(0, self.degree * len(self.pending) - free)
+
     def tick(self) -> list[Command]:
         """Stalled groups break; members stuck past `release_s` are killed."""
         now, cmds = self.clock(), []

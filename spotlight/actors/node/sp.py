@@ -23,10 +23,14 @@ workers); this module carries them out with the node's real worker processes:
   (``WorkerLeave``) and come out of their collective by themselves (a dead peer's closed sockets
   fail it at once; a hung peer after ``runtime.sp_timeout_s``), or are killed after
   ``runtime.sp_release_s``. The request stays here, under the same lease (still heartbeated),
-  and the scheduler re-forms it at a new epoch as soon as d members are idle, with the dead one
-  restarted meanwhile: the survivors are the same processes with the same weights (no reload),
-  and the new group resumes from the store's newest commit. A request whose lease the queue
-  gave to another attempt is dropped (``GroupScheduler.cancel``).
+  and the scheduler re-forms it at a new epoch as soon as d members are idle: the survivors are
+  the same processes with the same weights (no reload), and the new group resumes from the
+  store's newest commit. The dead one is restarted at once when the node needs it to form a
+  group; when a spare let the request re-form without it, its restart (interpreter, imports,
+  model: CPU-seconds) waits until the new group's first commit is seen, at most
+  ``runtime.sp_timeout_s``, so it does not compete with the resumed steps for the node's cores.
+  A request whose lease the queue gave to another attempt is dropped
+  (``GroupScheduler.cancel``).
 - A spot notice: every busy member stops at a step boundary (rank 0's commits flushed), every
   lease held (running or waiting for a group) is released.
 
@@ -75,6 +79,10 @@ class GroupServer:
         self.beats: dict[str, asyncio.Task] = {}
         self.killing: set[str] = set()  # members killed for being stuck: their death is what counts
         self.changed = asyncio.Event()  # the scheduler's state changed: maybe pull again
+        self.resuming: set[int] = set()  # epochs of re-formed groups whose first commit is not seen
+        self.resumed: set[int] = set()  # ... and those whose first commit was seen
+        self.restart_now = asyncio.Event()  # no such group, or a request waits for members
+        self.restart_now.set()
         self.stats = {"groups": 0, "regroups": 0}
         self._tg: asyncio.TaskGroup | None = None
 
@@ -172,6 +180,11 @@ class GroupServer:
                 self._drop(c.request_id)
                 if result is not None and lease is not None:
                     self._tg.create_task(self.agent._complete(self.pull_id, lease, result))
+        self.resuming &= self.sched.groups.keys()  # broken or finished: no first commit to wait for
+        if (self.resuming or self.sched.pending) and not self.sched.shortfall():
+            self.restart_now.clear()  # a regroup is under way without the dead member
+        else:
+            self.restart_now.set()
         self.changed.set()
 
     def _form(self, c: Form) -> None:
@@ -181,6 +194,8 @@ class GroupServer:
         self.stats["groups"] += 1
         if req.attempts > 1:  # a regroup: resume from the store's newest commit
             self.stats["regroups"] += 1
+            if not isinstance(lease.work, m.ExploreWork):
+                self.resuming.add(c.epoch)
             lease = dataclasses.replace(lease, resume_step=max(c.resume_step, lease.resume_step or 0))
             log.warning("%s resumes on a new group (epoch %d: %s) from its newest commit (step >= %d)",
                         c.request_id, c.epoch, ", ".join(c.members), lease.resume_step)
@@ -293,6 +308,11 @@ class GroupServer:
             await h.kill()  # reap, close its client
             if agent.leaving.is_set():
                 return
+            if not failed_starts:
+                why = await self._restart_gate()
+                if agent.leaving.is_set():
+                    return
+                log.warning("%s restarting %s", h.worker_id, why)
             try:
                 await agent._start(h)
             except SpotlightError as e:  # killed again while starting: retried, as the slots do
@@ -303,6 +323,32 @@ class GroupServer:
                 continue
             failed_starts = 0
             self._do(self.sched.join(h.worker_id))
+
+    async def _restart_gate(self) -> str:
+        """Before a dead member's replacement starts: while a broken group's request re-forms
+        without it (the survivor and a spare) and has not committed its first step, and no request
+        lacks members, wait, at most sp_timeout_s. Returns why the wait ended (for the log line)."""
+        if self.restart_now.is_set():
+            return "at once"
+        before = set(self.resumed)
+        leaving = asyncio.ensure_future(self.agent.leaving.wait())
+        gate = asyncio.ensure_future(self.restart_now.wait())
+        try:
+            await asyncio.wait([gate, leaving], timeout=self.rt.sp_timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gate.cancel()
+            leaving.cancel()
+        seen = sorted(self.resumed - before)
+        if len(self.resumed) > 64:  # only read here, for the line below
+            self.resumed.clear()
+        if not self.restart_now.is_set():
+            return f"after runtime.sp_timeout_s ({self.rt.sp_timeout_s} s) with a regroup under way"
+        if self.sched.shortfall():
+            return "now: a request lacks members"
+        if seen:
+            return f"after the first commit of the re-formed group (epoch {', '.join(map(str, seen))})"
+        return "after the broken group's request ended"
 
     async def _tick(self) -> None:
         """Stalled groups break, members stuck past the release bound are killed."""
@@ -343,5 +389,8 @@ class GroupServer:
                 p = None
             if p is not None and p.request_id == rid and p.committed_step is not None \
                     and p.committed_step > req.committed_step:  # progress only: a stall must show
+                if g.epoch in self.resuming:
+                    self.resuming.discard(g.epoch)
+                    self.resumed.add(g.epoch)
                 self._do(self.sched.committed(g.members[0], g.epoch, p.committed_step))
         return req.committed_step or None

@@ -338,7 +338,10 @@ class WorkerCore:
             else:  # host memory (no copy on the CPU)
                 rows = {"latents": state.latents[-1][None].cpu(),
                         "log_probs": state.log_probs[-1][None].cpu()}
-            self.store.commit_nowait(rid, state.step, rows, meta, attempt=lease.attempt, base=base)
+            # The step's wall time rides in the commit's meta (when a resumed request's first step
+            # was done, read without polling the store; bench/sp_runtime.py).
+            self.store.commit_nowait(rid, state.step, rows, {**meta, "stepped_at": time.time()},
+                                     attempt=lease.attempt, base=base)
             self.committed_step = base = state.step
             await asyncio.sleep(self.step_delay_s)  # yield: the flusher sends, stop/status run
 
