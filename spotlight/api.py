@@ -52,11 +52,13 @@ class Experiment:
             self.loop = Loop(self.recipe, resume=resume, hooks=hooks, progress=progress)
             return self.loop.run()
         from spotlight.actors.runtime import LocalRuntime
+        from spotlight.parallel.device import resolve_device
 
         r = self.recipe.runtime
         if r.reserved_workers + r.spot_workers < 1:
             raise ConfigError("run.mode=\"runtime\" on one machine needs a worker: "
                               "runtime.reserved_workers + runtime.spot_workers >= 1")
+        resolve_device(self.recipe.run.device)  # a device that is not here: one line, before any actor
         with LocalRuntime(self.recipe, **self.runtime_options) as self.runtime:
             hooks.insert(0, self.runtime.metrics_hook)  # spot fields on every iteration record
             self.loop = Loop(self.recipe, executor=self.runtime.executor, resume=resume, hooks=hooks,

@@ -1,11 +1,14 @@
 """The controller's socket (in-process server, real ipc socket): registration hands a node what it
 needs, bad input gets an error reply and the controller keeps serving; a node declared lost or
-registering again has its leases re-queued at once; the worker's ipc API (WorkerRun /
+registering again has its leases re-queued at once; a node that cannot serve the run's device
+leaves with one line; the worker's ipc API (WorkerRun /
 WorkerStatus / WorkerStop) over a real socket with an in-process store."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 
 import msgpack
 import numpy as np
@@ -27,6 +30,7 @@ from spotlight.comm import messages as m
 from spotlight.comm.codec import decode
 from spotlight.comm.transport import RpcClient, RpcServer
 from spotlight.errors import Preempted, ProtocolError
+from spotlight.parallel.device import probe_cuda
 from spotlight.recipe import load_recipe
 from spotlight.work import policy_model as build_policy_model
 
@@ -73,6 +77,25 @@ async def test_register_and_bad_frames(tmp_path):
             assert core.nodes["n1"]["workers"] == 2
             await client.call(m.Deregister(node_id="n1", reason="test"))
             assert "n1" not in core.nodes and core.left[0]["reason"] == "test"
+
+
+@pytest.mark.skipif(probe_cuda() is None, reason="CUDA is usable here")
+async def test_a_node_without_the_runs_device_leaves_with_one_line(tmp_path):
+    # The node learns run.device at registration: a CPU host joining a cuda run says so and
+    # deregisters, instead of starting workers that each die with a traceback.
+    core = ControllerCore(load_recipe("tiny", [*TINY, 'run.device="cuda"']), "tcp://127.0.0.1:1",
+                          "tcp://127.0.0.1:2")
+    async with RpcServer(controller_handlers(core), bind=f"ipc://{tmp_path}/c.sock") as server:
+        agent = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "spotlight.actors.node", "--controller", server.endpoint,
+            "--workers", "1", "--node-id", "cpu-node", stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env={**os.environ, "SPOTLIGHT_DIE_WITH_PARENT": "1"})
+        _, err = await asyncio.wait_for(agent.communicate(), 50)
+    assert agent.returncode == 2
+    lines = [line for line in err.decode().splitlines() if "error" in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        "node agent: error: run.device = 'cuda' but CUDA is not usable here: "), err.decode()
+    assert "cpu-node" not in core.nodes and core.left[-1]["node_id"] == "cpu-node"
 
 
 async def test_lost_or_restarted_nodes_leases_requeued_at_once(tmp_path):

@@ -100,6 +100,13 @@ def test_run_device_is_checked_where_the_recipe_is_read():
 
         with pytest.raises(ConfigError, match="run.device = 'cuda' but CUDA is not usable here"):
             Loop(load_recipe("tiny", ['run.device="cuda"', "model.checkpoint=none"]), progress=False)
+        # ... and so does the runtime, before any actor starts (not a worker's traceback).
+        from spotlight.api import Experiment
+
+        exp = Experiment("demo", ['run.device="cuda"', "model.checkpoint=none"])
+        with pytest.raises(ConfigError, match="run.device = 'cuda' but CUDA is not usable here"):
+            exp.run(progress=False)
+        assert exp.runtime is None
 
 
 @pytest.mark.gpu

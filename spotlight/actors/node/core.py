@@ -209,8 +209,12 @@ class NodeAgent:
         """Serve one run epoch of the reserved side: its queue, its store, fresh workers."""
         c = self.config
         self.runtime = RuntimeConfig(**{**reg.recipe.get("runtime", {}), **c.runtime})
-        try:  # the run's sp_degree is learnt here: a node too small for one group leaves at once
+        try:  # the run's sp_degree and device are learnt here: a node that cannot serve leaves at once
             self.runtime.check_node_workers(c.workers, f"node {c.node_id}'s workers")
+            if (device := reg.recipe.get("run", {}).get("device", "auto")) != "auto":
+                from spotlight.parallel.device import resolve_device
+
+                resolve_device(device)  # 'cuda' on a node without one: one line, not a worker's traceback
         except ConfigError:
             assert self._ctl is not None
             with contextlib.suppress(SpotlightError):
