@@ -162,3 +162,36 @@ async def test_on_a_gpu_the_parameters_are_views_of_one_cuda_tensor():
         assert lent.cuda is not None and lent.segment == "" and lent.nbytes == buf.nbytes
     finally:
         vs.close()
+
+
+async def test_a_dead_lenders_mapping_is_dropped_when_it_exits_not_at_the_next_borrow():
+    from spotlight.actors.worker.peers import _exited
+
+    lender = FlatWeights.like(tiny_model(0))
+    mine = FlatWeights.like(tiny_model(1))
+    maps = PeerMappings()
+    # A stand-in lender process: the mapping is keyed by its pid, the segment is ours.
+    child = await asyncio.create_subprocess_exec("sleep", "60")
+    try:
+        lent = lent_message(0, "tok", lender)
+        copy_lent(lent, child.pid, mine, maps)
+        maps.watch(child.pid)
+        maps.watch(child.pid)  # once per lender
+        assert len(maps) == 1 and list(maps._watched) == [child.pid]
+        child.kill()
+        await _exited(child.pid)
+        for _ in range(10):  # its pidfd and ours became readable together: a loop turn or two
+            if not len(maps):
+                break
+            await asyncio.sleep(0)
+        assert len(maps) == 0 and maps._watched == {}
+        await child.wait()
+        maps.watch(child.pid)  # a lender already gone: nothing is watched
+        assert maps._watched == {}
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+        maps.close()
+        lender.close()
+        mine.close()

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import mmap
 import os
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -65,17 +66,22 @@ class PeerMappings:
     (or ``(pid, IPC handle)`` -> the imported CUDA tensor): mapped once, pages populated, reused
     for every later version the lender lends from the same buffer (a fresh mapping per copy ran
     at ~40% of memcpy here, an existing one at ~66%, ``preadv`` at ~20%). Mappings of a lender
-    that exited are dropped; at most ``max_maps`` are kept (oldest dropped first)."""
+    that exited are dropped as it exits (``watch``: a pidfd on the loop; its segment's memory is
+    freed then, not at the next borrow), and before each mapping; at most ``max_maps`` are kept
+    (oldest dropped first). The copy maps from a thread, the watch drops on the loop: a lock."""
 
     def __init__(self, max_maps: int = 16) -> None:
         self.max_maps = max_maps
         self._maps: OrderedDict[tuple[int, Any], Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._watched: dict[int, tuple[asyncio.AbstractEventLoop, int]] = {}  # pid -> (loop, pidfd)
         self.mapped = 0  # mappings made (a copy that made one paid for faulting its page table in)
 
     def segment(self, pid: int, name: str, size: int) -> mmap.mmap:
         self._drop_exited()
         key = (pid, name)
-        mm = self._maps.get(key)
+        with self._lock:
+            mm = self._maps.get(key)
         if mm is not None and len(mm) < size:
             self.drop(pid, name)
             mm = None
@@ -89,7 +95,9 @@ class PeerMappings:
                 os.close(fd)
             self._add(key, mm)
             self.mapped += 1
-        self._maps.move_to_end(key)
+        with self._lock:
+            if key in self._maps:
+                self._maps.move_to_end(key)
         return mm
 
     def cuda(self, pid: int, handle: dict[str, Any]) -> torch.Tensor:
@@ -97,25 +105,63 @@ class PeerMappings:
 
         self._drop_exited()
         key = (pid, bytes(handle["handle"]))
-        t = self._maps.get(key)
+        with self._lock:
+            t = self._maps.get(key)
         if t is None:
             t = cuda_ipc_import(handle)
             self._add(key, t)
             self.mapped += 1
-        self._maps.move_to_end(key)
+        with self._lock:
+            if key in self._maps:
+                self._maps.move_to_end(key)
         return t
 
     def drop(self, pid: int, name: Any) -> None:
-        for key in [k for k in self._maps if k[0] == pid and (name is None or k[1] == name)]:
-            _close(self._maps.pop(key))
+        with self._lock:
+            gone = [self._maps.pop(k) for k in list(self._maps)
+                    if k[0] == pid and (name is None or k[1] == name)]
+        for mapping in gone:
+            _close(mapping)
+
+    def watch(self, pid: int) -> None:
+        """Drop ``pid``'s mappings the moment it exits (a pidfd reader on the running loop; call
+        from the loop's thread), so a dead lender's segment does not stay mapped here."""
+        if pid in self._watched:
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self.drop(pid, None)
+            return
+        loop = asyncio.get_running_loop()
+
+        def exited() -> None:
+            self._unwatch(pid)
+            self.drop(pid, None)
+
+        loop.add_reader(fd, exited)
+        self._watched[pid] = (loop, fd)
+
+    def _unwatch(self, pid: int) -> None:
+        if (w := self._watched.pop(pid, None)) is not None:
+            loop, fd = w
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to remove
+                loop.remove_reader(fd)
+            os.close(fd)
 
     def _add(self, key, value) -> None:
-        self._maps[key] = value
-        while len(self._maps) > self.max_maps:
-            _close(self._maps.popitem(last=False)[1])
+        with self._lock:
+            self._maps[key] = value
+            evicted = []
+            while len(self._maps) > self.max_maps:
+                evicted.append(self._maps.popitem(last=False)[1])
+        for mapping in evicted:
+            _close(mapping)
 
     def _drop_exited(self) -> None:
-        for pid in {k[0] for k in self._maps}:
+        with self._lock:
+            pids = {k[0] for k in self._maps}
+        for pid in pids:
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:
@@ -127,8 +173,12 @@ class PeerMappings:
         return len(self._maps)
 
     def close(self) -> None:
-        while self._maps:
-            _close(self._maps.popitem()[1])
+        for pid in list(self._watched):
+            self._unwatch(pid)
+        with self._lock:
+            maps, self._maps = list(self._maps.values()), OrderedDict()
+        for mapping in maps:
+            _close(mapping)
 
 
 def _close(mapping: Any) -> None:
@@ -230,6 +280,7 @@ async def borrow(peer: m.WeightsPeer, version: int, into: FlatWeights, maps: Pee
                 await asyncio.sleep(delay_s)
             t0, mapped = time.perf_counter(), maps.mapped
             nbytes, cpu_s = await asyncio.to_thread(_timed, copy_lent, lent, peer.pid, into, maps)
+            maps.watch(peer.pid)  # its mapping is kept for the next version, until it exits
             return Borrowed(nbytes, time.perf_counter() - t0, cpu_s, maps.mapped > mapped)
         except BaseException:
             maps.drop(peer.pid, lent.segment or None)
