@@ -137,3 +137,20 @@ def test_a_rollout_and_a_trainer_update_on_the_gpu_follow_the_cpu(tmp_path):
     moved_cpu = out["cpu"][2]["update_norm"]
     assert moved_cpu > 0 and abs(out["cuda"][2]["update_norm"] - moved_cpu) < 0.05 * moved_cpu
     assert (out["cpu"][1] - out["cuda"][1]).abs().max() < 1e-3
+
+
+@pytest.mark.skipif(NO_CUDA is None, reason="CUDA is usable here")
+async def test_a_worker_that_cannot_run_the_recipe_says_so_in_one_line(tmp_path):
+    # A worker process started by hand (a spot host's agent does this) with a setting it cannot
+    # run with: its start fails with the worker's one line, not "failed to start (exit 1)".
+    from spotlight.actors.store.service import TensorStoreService
+    from spotlight.actors.worker.client import WorkerHandle
+    from spotlight.recipe import load_recipe
+
+    recipe = load_recipe("tiny", ["model.checkpoint=none", "model.layers=1"]).to_dict()
+    recipe["run"]["device"] = "cuda"
+    h = WorkerHandle(0, "cpu-node", str(tmp_path))
+    async with TensorStoreService(f"ipc://{tmp_path}/s.sock", shm=False) as store:
+        with pytest.raises(ConfigError, match=r"^worker cpu-node/w0: run.device = 'cuda' but CUDA is not"):
+            await h.start(store.endpoint, recipe, timeout=60, rpc_timeout=5)
+    assert not h.alive

@@ -195,3 +195,17 @@ async def test_a_dead_lenders_mapping_is_dropped_when_it_exits_not_at_the_next_b
         maps.close()
         lender.close()
         mine.close()
+
+
+def test_kept_versions_that_do_not_fit_the_device_are_one_line_naming_the_field():
+    from spotlight.actors.worker.versions import check_fits
+    from spotlight.errors import ConfigError
+
+    gib = 2**30
+    check_fits(40 * gib, 1, 41 * gib, "cuda:0")  # one copy: whatever fits, fits (the model is there)
+    check_fits(20 * gib, 3, 80 * gib, "cuda:0")  # 60 of 80 GiB
+    with pytest.raises(ConfigError, match=r"^runtime.worker_versions keeps 3 copies of the weights "
+                                          r"\(120.0 GiB\) on cuda:0, which has 80.0 GiB free: set "
+                                          r"runtime.worker_versions = 1") as e:
+        check_fits(40 * gib, 3, 80 * gib, "cuda:0")  # Qwen-Image 20B in bf16 on an 80 GB GPU
+    assert "\n" not in str(e.value)

@@ -15,6 +15,7 @@ from spotlight.comm.shm import sweep_dead
 from spotlight.comm.transport import RpcClient
 from spotlight.errors import (
     ActorTimeout,
+    ConfigError,
     SpotlightError,
 )
 
@@ -48,6 +49,9 @@ class WorkerHandle:
         except TimeoutError:
             await self.kill()
             raise ActorTimeout(f"worker {self.worker_id} not ready within {timeout}s") from None
+        if line.startswith(b"error "):  # a setting this worker cannot run with: one line
+            await self.kill()
+            raise ConfigError(f"worker {self.worker_id}: {line[6:].decode(errors='replace').strip()}")
         if not line.startswith(b"ready "):
             await self.kill()
             raise SpotlightError(f"worker {self.worker_id} failed to start (exit {self.proc.returncode})")

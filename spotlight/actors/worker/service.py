@@ -22,6 +22,7 @@ from spotlight.actors.worker.core import WorkerCore
 from spotlight.comm import messages as m
 from spotlight.comm.auth import cluster_client_keys
 from spotlight.comm.transport import RpcServer
+from spotlight.errors import ConfigError
 from spotlight.recipe import Recipe, load_recipe
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,13 @@ def main(argv: list[str] | None = None) -> None:
     borrow_delay = float(os.environ.get("SPOTLIGHT_WORKER_BORROW_DELAY_S", "0"))  # a slow borrower (tests)
     torch.set_num_threads(1)  # one worker = one device; on CPU, one core's worth
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(args.bind, args.store, load_recipe(json.loads(args.recipe_json)), args.worker_id, delay,
-                      args.keys, lend_delay, borrow_delay))
+    try:
+        asyncio.run(serve(args.bind, args.store, load_recipe(json.loads(args.recipe_json)), args.worker_id,
+                          delay, args.keys, lend_delay, borrow_delay))
+    except ConfigError as e:  # e.g. kept versions that do not fit the device: the agent's one line
+        print(f"error {e}", flush=True)
+        print(f"worker: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -23,7 +23,19 @@ import secrets
 
 import torch
 
+from spotlight.errors import ConfigError
 from spotlight.parallel.flat import FlatWeights, bind
+
+
+def check_fits(nbytes: int, capacity: int, free_bytes: int, device: str) -> None:
+    """``capacity`` whole copies of ``nbytes`` of weights must fit in ``free_bytes`` of ``device``
+    with room for activations (a tenth kept free): else one ConfigError line naming the field."""
+    if capacity > 1 and capacity * nbytes > 0.9 * free_bytes:
+        gib = 2**30
+        raise ConfigError(
+            f"runtime.worker_versions keeps {capacity} copies of the weights ({capacity * nbytes / gib:.1f} "
+            f"GiB) on {device}, which has {free_bytes / gib:.1f} GiB free: set runtime.worker_versions = 1 "
+            f"(one copy; switching versions then loads from a neighbour or the store)")
 
 
 class WeightsVersions:
@@ -32,6 +44,11 @@ class WeightsVersions:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.model, self.ttl_s = model, ttl_s
         self.capacity = keep + 1 if keep > 1 else 1
+        device = next(model.parameters()).device
+        if device.type == "cuda":  # a big model's kept versions may not fit beside it: say so first
+            free, _ = torch.cuda.mem_get_info(device)
+            nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+            check_fits(nbytes, self.capacity, free + nbytes, str(device))  # the model's own copy is reused
         # Every buffer up front, pages faulted in: a load never lands in cold memory.
         first = FlatWeights.like(model)
         first.load_state(model.state_dict())
