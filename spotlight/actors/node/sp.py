@@ -80,7 +80,7 @@ class GroupServer:
         self.killing: set[str] = set()  # members killed for being stuck: their death is what counts
         self.changed = asyncio.Event()  # the scheduler's state changed: maybe pull again
         self.resuming: set[int] = set()  # epochs of re-formed groups whose first commit is not seen
-        self.resumed: set[int] = set()  # ... and those whose first commit was seen
+        self.first_commits = 0  # re-formed groups whose first commit was seen (for the log line)
         self.restart_now = asyncio.Event()  # no such group, or a request waits for members
         self.restart_now.set()
         self.stats = {"groups": 0, "regroups": 0}
@@ -330,7 +330,7 @@ class GroupServer:
         lacks members, wait, at most sp_timeout_s. Returns why the wait ended (for the log line)."""
         if self.restart_now.is_set():
             return "at once"
-        before = set(self.resumed)
+        before = self.first_commits
         leaving = asyncio.ensure_future(self.agent.leaving.wait())
         gate = asyncio.ensure_future(self.restart_now.wait())
         try:
@@ -339,15 +339,12 @@ class GroupServer:
         finally:
             gate.cancel()
             leaving.cancel()
-        seen = sorted(self.resumed - before)
-        if len(self.resumed) > 64:  # only read here, for the line below
-            self.resumed.clear()
         if not self.restart_now.is_set():
             return f"after runtime.sp_timeout_s ({self.rt.sp_timeout_s} s) with a regroup under way"
         if self.sched.shortfall():
             return "now: a request lacks members"
-        if seen:
-            return f"after the first commit of the re-formed group (epoch {', '.join(map(str, seen))})"
+        if self.first_commits > before:
+            return "after the first commit of the re-formed group"
         return "after the broken group's request ended"
 
     async def _tick(self) -> None:
@@ -391,6 +388,6 @@ class GroupServer:
                     and p.committed_step > req.committed_step:  # progress only: a stall must show
                 if g.epoch in self.resuming:
                     self.resuming.discard(g.epoch)
-                    self.resumed.add(g.epoch)
+                    self.first_commits += 1
                 self._do(self.sched.committed(g.members[0], g.epoch, p.committed_step))
         return req.committed_step or None

@@ -25,6 +25,7 @@ import torch
 
 from spotlight.errors import ConfigError
 from spotlight.parallel.flat import FlatWeights, bind
+from spotlight.parallel.peer import layout_of
 
 
 def check_fits(nbytes: int, capacity: int, free_bytes: int, device: str) -> None:
@@ -47,7 +48,7 @@ class WeightsVersions:
         device = next(model.parameters()).device
         if device.type == "cuda":  # a big model's kept versions may not fit beside it: say so first
             free, _ = torch.cuda.mem_get_info(device)
-            nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+            _, nbytes = layout_of(model.state_dict())  # one buffer's bytes (aligned tensors)
             check_fits(nbytes, self.capacity, free + nbytes, str(device))  # the model's own copy is reused
         # Every buffer up front, pages faulted in: a load never lands in cold memory.
         first = FlatWeights.like(model)
