@@ -31,6 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from table import print_rows  # noqa: E402  (bench/table.py)
+
 from spotlight.actors.node.group_shell import GroupAgent  # noqa: E402
 from spotlight.comm.messages import RolloutWork  # noqa: E402
 
@@ -189,10 +191,7 @@ def main() -> None:
 
     rows.append(("machine load average (1 min) at the end", f"{os.getloadavg()[0]:.1f}",
                  f"{os.cpu_count()} cores, shared"))
-    width = max(len(r[0]) for r in rows)
-    print(f"| {'measure':<{width}} | value | note |\n| {'-' * width} | --- | --- |")
-    for name, value, note in rows:
-        print(f"| {name:<{width}} | {value} | {note} |")
+    print_rows(rows)
 
 
 if __name__ == "__main__":

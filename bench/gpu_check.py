@@ -24,6 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from table import print_rows  # noqa: E402  (bench/table.py)
+
 from spotlight.parallel import device as dev  # noqa: E402
 
 ROWS: list[tuple[str, str, str]] = []
@@ -171,10 +173,7 @@ def main() -> None:
                          ("sp", sp_exactness), ("regroup", regroup)):
             if not only or name in only:
                 section(name, fn)
-    width = max(len(r[0]) for r in ROWS)
-    print(f"\n| {'check':<{width}} | result | note |\n| {'-' * width} | --- | --- |")
-    for name, value, note in ROWS:
-        print(f"| {name:<{width}} | {value} | {note} |")
+    print_rows(ROWS, ("check", "result", "note"), leading_blank=True)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
 
 

@@ -45,6 +45,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from table import print_rows  # noqa: E402  (bench/table.py)
+
 from spotlight.actors.runtime import LocalRuntime  # noqa: E402
 from spotlight.actors.worker.peers import read_weights_log  # noqa: E402
 from spotlight.comm import messages as m  # noqa: E402
@@ -135,11 +137,7 @@ def main() -> None:
     rows.append((f"memcpy GB/s ({nbytes / 1e6:.0f} MB, median of 3)", f"{mem:.2f}", ""))
     rows.append(("machine load average (1 min) at the start / end", f"{load0:.1f} / {load:.1f}",
                  f"{os.cpu_count()} cores; started {started:%Y-%m-%d %H:%M} UTC"))
-    width = max(len(r[0]) for r in rows)
-    print(f"\n| {'measure':<{width}} | value | note |")
-    print(f"| {'-' * width} | --- | --- |")
-    for name, value, note in rows:
-        print(f"| {name:<{width}} | {value} | {note} |")
+    print_rows(rows, leading_blank=True)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from table import print_rows  # noqa: E402  (bench/table.py)
+
 from spotlight.actors.procs import descendants  # noqa: E402
 from spotlight.actors.runtime import LocalRuntime  # noqa: E402
 from spotlight.comm import messages as m  # noqa: E402
@@ -176,11 +178,7 @@ def main() -> None:
          f"{2 * args.trials}/{2 * args.trials}", ""),
         ("machine load average (1 min) at the end", f"{os.getloadavg()[0]:.1f}", f"{os.cpu_count()} cores"),
     ]
-    width = max(len(r[0]) for r in rows)
-    print(f"| {'measure':<{width}} | value | trials |")
-    print(f"| {'-' * width} | --- | --- |")
-    for name, value, note in rows:
-        print(f"| {name:<{width}} | {value} | {note} |")
+    print_rows(rows, ("measure", "value", "trials"))
 
 
 if __name__ == "__main__":

@@ -78,43 +78,30 @@ class PeerMappings:
         self.mapped = 0  # mappings made (a copy that made one paid for faulting its page table in)
 
     def segment(self, pid: int, name: str, size: int) -> mmap.mmap:
-        self._drop_exited()
-        key = (pid, name)
         with self._lock:
-            mm = self._maps.get(key)
-        if mm is not None and len(mm) < size:
+            mm = self._maps.get((pid, name))
+        if mm is not None and len(mm) < size:  # the lender's segment grew: map it again
             self.drop(pid, name)
-            mm = None
-        if mm is None:
-            fd = open_readonly(name)
-            try:
-                if os.fstat(fd).st_size < size:
-                    raise ProtocolError(f"segment {name!r} is smaller than the lent weights")
-                mm = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
-            finally:
-                os.close(fd)
-            self._add(key, mm)
-            self.mapped += 1
-        with self._lock:
-            if key in self._maps:
-                self._maps.move_to_end(key)
-        return mm
+        return self._cached((pid, name), lambda: _map_readonly(name, size))
 
     def cuda(self, pid: int, handle: dict[str, Any]) -> torch.Tensor:
         from spotlight.parallel.device import cuda_ipc_import
 
+        return self._cached((pid, bytes(handle["handle"])), lambda: cuda_ipc_import(handle))
+
+    def _cached(self, key: tuple[int, Any], make) -> Any:
+        """The mapping under ``key`` (most recently used now), made by ``make()`` if missing."""
         self._drop_exited()
-        key = (pid, bytes(handle["handle"]))
         with self._lock:
-            t = self._maps.get(key)
-        if t is None:
-            t = cuda_ipc_import(handle)
-            self._add(key, t)
+            value = self._maps.get(key)
+        if value is None:
+            value = make()
+            self._add(key, value)
             self.mapped += 1
         with self._lock:
             if key in self._maps:
                 self._maps.move_to_end(key)
-        return t
+        return value
 
     def drop(self, pid: int, name: Any) -> None:
         with self._lock:
@@ -179,6 +166,17 @@ class PeerMappings:
             maps, self._maps = list(self._maps.values()), OrderedDict()
         for mapping in maps:
             _close(mapping)
+
+
+def _map_readonly(name: str, size: int) -> mmap.mmap:
+    """A read-only shared mapping of segment ``name`` (at least ``size`` bytes), pages populated."""
+    fd = open_readonly(name)
+    try:
+        if os.fstat(fd).st_size < size:
+            raise ProtocolError(f"segment {name!r} is smaller than the lent weights")
+        return mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
 
 
 def _close(mapping: Any) -> None:
