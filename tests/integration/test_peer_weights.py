@@ -14,11 +14,12 @@ from collections import Counter
 import pytest
 import torch
 
-from spotlight.actors.procs import alive
+from spotlight.actors.procs import alive, descendants
 from spotlight.actors.runtime import LocalRuntime
 from spotlight.actors.worker.peers import read_weights_log
 from spotlight.comm import messages as m
 from spotlight.comm.shm import PREFIX, SHM_DIR
+from spotlight.comm.transport import RpcClient
 from spotlight.policy.sampler import sde_rollout
 from spotlight.recipe import load_recipe
 from spotlight.work import policy_model
@@ -69,6 +70,18 @@ def run_versions(rt, recipe, states) -> list:
     return loads
 
 
+async def progress(rt) -> list[m.WorkerProgress]:
+    """Every live worker's status, asked on its own ipc socket (beside the agent's client)."""
+    out = []
+    for pid in descendants(rt.agents["reserved"].pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+        if b"--bind" in args:
+            async with RpcClient(args[args.index(b"--bind") + 1].decode(), timeout=5) as client:
+                out.append(await client.call(m.WorkerStatus()))
+    return out
+
+
 @pytest.mark.parametrize("peer_weights", [True, False], ids=["peer", "store-only"])
 def test_each_version_crosses_to_the_node_once(tmp_path, peer_weights):
     torch.set_num_threads(1)
@@ -80,6 +93,7 @@ def test_each_version_crosses_to_the_node_once(tmp_path, peer_weights):
         env.setenv("SPOTLIGHT_WORKER_STEP_DELAY_S", "0.05")  # requests overlap: all three workers pull
         with LocalRuntime(recipe) as rt:
             run_versions(rt, recipe, states)
+            status = rt.call(progress(rt))
             pids = rt.pids()
             segments = Counter(int(n[len(PREFIX):].split("-", 1)[0]) for n in os.listdir(SHM_DIR)
                                if n.startswith(PREFIX) and "-peer-" in n)
@@ -103,3 +117,9 @@ def test_each_version_crosses_to_the_node_once(tmp_path, peer_weights):
             assert all(e.peer and e.peer != e.worker and e.nbytes == store[0].nbytes for e in peer)
         else:
             assert len(store) == len(workers) and peer == [], loads
+    # The workers' own counters (WorkerProgress, what an operator's status call sees) say the same.
+    assert len(status) == 3
+    assert sum(p.weights_fetches for p in status) == sum(e.how == "store" for e in events)
+    assert sum(p.weights_peer_copies for p in status) == sum(e.how == "peer" for e in events)
+    assert sum(p.peer_bytes for p in status) == sum(e.nbytes for e in events if e.how == "peer")
+    assert all(p.peer_s > 0 for p in status if p.weights_peer_copies)
