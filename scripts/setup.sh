@@ -18,7 +18,7 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 # The rest with uv when it installs (the same packages as pip, resolved in seconds instead of ~2
 # minutes of pip's CPU time); pip otherwise. torch is already in the venv, so neither pulls another.
-if pip install -q uv 2>/dev/null && uv pip install -q --python .venv/bin/python -e ".[dev]"; then
+if { [ -x .venv/bin/uv ] || pip install -q uv 2>/dev/null; } && uv pip install -q --python .venv/bin/python -e ".[dev]"; then
   :
 else
   pip install -q -e ".[dev]"

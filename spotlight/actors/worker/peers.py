@@ -66,9 +66,10 @@ class PeerMappings:
     (or ``(pid, IPC handle)`` -> the imported CUDA tensor): mapped once, pages populated, reused
     for every later version the lender lends from the same buffer (a fresh mapping per copy ran
     at ~40% of memcpy here, an existing one at ~66%, ``preadv`` at ~20%). Mappings of a lender
-    that exited are dropped as it exits (``watch``: a pidfd on the loop; its segment's memory is
-    freed then, not at the next borrow), and before each mapping; at most ``max_maps`` are kept
-    (oldest dropped first). The copy maps from a thread, the watch drops on the loop: a lock."""
+    that exited are dropped as it exits (``watch``, which ``borrow`` calls after each copy: a pidfd
+    on the loop, immune to pid reuse; the segment's memory is freed then, not at the next borrow);
+    at most ``max_maps`` are kept (oldest dropped first). The copy maps from a thread, the watch
+    drops on the loop: a lock."""
 
     def __init__(self, max_maps: int = 16) -> None:
         self.max_maps = max_maps
@@ -91,7 +92,6 @@ class PeerMappings:
 
     def _cached(self, key: tuple[int, Any], make) -> Any:
         """The mapping under ``key`` (most recently used now), made by ``make()`` if missing."""
-        self._drop_exited()
         with self._lock:
             value = self._maps.get(key)
         if value is None:
@@ -144,17 +144,6 @@ class PeerMappings:
                 evicted.append(self._maps.popitem(last=False)[1])
         for mapping in evicted:
             _close(mapping)
-
-    def _drop_exited(self) -> None:
-        with self._lock:
-            pids = {k[0] for k in self._maps}
-        for pid in pids:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                self.drop(pid, None)
-            except PermissionError:
-                pass
 
     def __len__(self) -> int:
         return len(self._maps)
