@@ -3,6 +3,8 @@
 `iter_NNNN.safetensors` holds the model (DiT + text encoder, LoRA weights included, the adapter's
 peft config in the metadata so `model.checkpoint` / `spotlight eval` can load it on its own);
 `iter_NNNN.optim.safetensors` holds AdamW's moments and step counts, flattened by parameter index.
+With `grpo.ema_decay` the model file is the weights' moving average (what the run evaluated, and
+what a user deploys) and the online weights the run trains go in the optimizer file (`model.*`).
 No pickle: optimizer state is tensors plus a JSON header in the file's metadata. `spotlight export`
 (spotlight.export) turns a model file into a diffusers folder.
 """
@@ -18,15 +20,21 @@ from safetensors.torch import load_file, save_file
 
 from spotlight.errors import NotFound
 
+ONLINE = "model."
+"""Prefix of the online weights in the optimizer file of a run with a moving average."""
+
 
 def save(folder: Path, iteration: int, model, trainer, wall_s: float, state: dict | None = None) -> Path:
     """``state``: the driver's own JSON state (e.g. the exploration planner's), back from
     ``load_latest``."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"iter_{iteration:04d}.safetensors"
-    model.save(path, extra={"iteration": iteration, "wall_s": wall_s, "state": state or {}})
+    deployed = trainer.ema if trainer.ema is not None else model
+    deployed.save(path, extra={"iteration": iteration, "wall_s": wall_s, "state": state or {}})
     state = trainer.opt.state_dict()
     tensors, steps = {}, {}
+    if trainer.ema is not None:
+        tensors.update({f"{ONLINE}{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()})
     for idx, st in state["state"].items():
         for key, value in st.items():
             if key == "step":
@@ -55,9 +63,15 @@ def load_latest(folder: Path, model, trainer) -> tuple[int, float, dict]:
     path = latest(folder)
     with safe_open(str(path), "pt") as f:
         extra = json.loads(f.metadata()["extra"])
-    model.load_state_dict(load_file(str(path)), strict=True)
+    deployed = load_file(str(path))
     optim_path = path.with_name(path.name.replace(".safetensors", ".optim.safetensors"))
     tensors = load_file(str(optim_path))
+    online = {k[len(ONLINE):]: tensors.pop(k) for k in list(tensors) if k.startswith(ONLINE)}
+    # a run with a moving average resumes both; a checkpoint from a run without one starts the
+    # average at its weights, and a run without one resumes the online weights of one with it
+    model.load_state_dict(online or deployed, strict=True)
+    if trainer.ema is not None:
+        trainer.ema.load_state_dict(deployed, strict=True)
     with safe_open(str(optim_path), "pt") as f:
         meta = f.metadata()
     steps = json.loads(meta["steps"])

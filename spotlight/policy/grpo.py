@@ -70,6 +70,9 @@ class GRPOConfig:
     """Times of the 'awm' loss: 'logit_normal' (pretraining's) or 'uniform'."""
     awm_negative: float = 1.0
     """Weight of negative advantages under 'awm' (0 = learn from the better half only)."""
+    ema_decay: float = 0.0
+    """Exponential moving average of the weights, updated after every optimizer step (0 = off):
+    the model evaluated, checkpointed and deployed is the average; rollouts use the online one."""
     awm_shared_noise: bool = True
     """Under 'awm', every sample of a group is re-noised with the same (ε, t) draws: the
     advantages sum to zero, so the part of the loss's gradient that comes from (ε, t) rather
@@ -93,6 +96,8 @@ class GRPOConfig:
             raise ConfigError(f"grpo.finetune must be 'full' or 'lora', got {self.finetune!r}")
         if self.objective not in ("grpo", "awm"):
             raise ConfigError(f"grpo.objective must be 'grpo' or 'awm', got {self.objective!r}")
+        if not 0 <= self.ema_decay < 1:
+            raise ConfigError(f"grpo.ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.awm_negative < 0:
             raise ConfigError(f"grpo.awm_negative must be >= 0, got {self.awm_negative}")
         if self.awm_times < 1:
@@ -148,6 +153,7 @@ class GRPOTrainer:
             self.reference = copy.deepcopy(model).requires_grad_(False) if cfg.beta > 0 else None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+        self.ema = copy.deepcopy(model).requires_grad_(False) if cfg.ema_decay > 0 else None
         self.iteration = 0
 
     @property
@@ -207,6 +213,10 @@ class GRPOTrainer:
                 stats["update_norm"].append(
                     float(torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(self.params, before))))
                 )
+                if self.ema is not None:
+                    with torch.no_grad():
+                        for e, p in zip(self.ema.parameters(), self.model.parameters()):
+                            e.lerp_(p, 1 - cfg.ema_decay)
         self.iteration += 1
         out = {k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
         out["groups_trained"] = float(len(live))

@@ -2,9 +2,10 @@
 through the command line's own entry point, on a tiny model that takes seconds:
 
 - a run stopped after 2 iterations and resumed to 3 ends bit-identical to a run of 3 (weights,
-  optimizer-driven rewards), under full and LoRA fine-tuning;
+  optimizer-driven rewards), under full and LoRA fine-tuning and with a moving average of the
+  weights (`grpo.ema_decay`: the checkpoint's model is the average, the trained weights resume too);
 - `spotlight eval` of the final checkpoint (a LoRA one included) reproduces the run's own final
-  evaluation;
+  evaluation (with a moving average: the average is what the run evaluated);
 - `spotlight export` writes a diffusers folder (and, under LoRA, a peft adapter) whose re-loaded
   model has the trained model's forward, bit for bit."""
 
@@ -30,6 +31,7 @@ TINY = ["sampler.steps=4", "sampler.eval_steps=4", "sampler.sde_steps=2", "run.g
         "explore.candidates=4", "run.prompts_per_iteration=2", "run.eval_every=100", "run.eval_seeds=1",
         "run.eval_samples=1", "run.checkpoint_every=100"]
 LORA = ['grpo.finetune="lora"', "grpo.lora_rank=4", "grpo.lora_alpha=8.0"]
+EMA = ["grpo.ema_decay=0.5"]
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +60,7 @@ def records(out, name: str, event: str) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["event"] == event]
 
 
-@pytest.mark.parametrize("finetune", [[], LORA], ids=["full", "lora"])
+@pytest.mark.parametrize("finetune", [[], LORA, EMA], ids=["full", "lora", "ema"])
 def test_resume_is_bit_identical_and_eval_reproduces_the_run(tmp_path, capsys, finetune):
     torch.set_num_threads(1)
     run(capsys, tmp_path, "whole", 3, finetune)
@@ -75,8 +77,16 @@ def test_resume_is_bit_identical_and_eval_reproduces_the_run(tmp_path, capsys, f
     ckpt = "checkpoints/iter_0003.safetensors"
     w, s = load_file(tmp_path / "whole" / ckpt), load_file(tmp_path / "split" / ckpt)
     assert w.keys() == s.keys() and all(torch.equal(w[k], s[k]) for k in w)  # Adam state restored too
-    if finetune:
+    if finetune == LORA:
         assert any(".lora_A." in k for k in w)
+    optim = ckpt.replace(".safetensors", ".optim.safetensors")
+    wo, so = load_file(tmp_path / "whole" / optim), load_file(tmp_path / "split" / optim)
+    assert wo.keys() == so.keys() and all(torch.equal(wo[k], so[k]) for k in wo)
+    online = {k[len("model."):]: v for k, v in wo.items() if k.startswith("model.")}
+    if finetune == EMA:  # the model file is the average; the trained weights are in the optimizer file
+        assert online.keys() == w.keys() and not all(torch.equal(online[k], w[k]) for k in w)
+    else:
+        assert not online
 
     final = records(tmp_path, "whole", "eval")[-1]
     assert final["iteration"] == 3
@@ -91,7 +101,7 @@ def test_resume_is_bit_identical_and_eval_reproduces_the_run(tmp_path, capsys, f
     # The trained checkpoint, exported, re-loads (diffusers folder + LoRA adapter) to its forward.
     path = str(tmp_path / "whole" / ckpt)
     exported = cli(capsys, "export", "--checkpoint", path, "--out", str(tmp_path / "x"))
-    assert (exported["lora"] == "lora") == bool(finetune) and exported["iteration"] == 3
+    assert (exported["lora"] == "lora") == (finetune == LORA) and exported["iteration"] == 3
     trained = build_model(ModelConfig(checkpoint=path), VOCABULARY, merge_lora=False)
     assert torch.equal(velocity(load_export(tmp_path / "x")), velocity(trained))
 

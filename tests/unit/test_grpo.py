@@ -172,3 +172,30 @@ def test_warmup_ramps_the_learning_rate(tiny_model):
         trainer.update(groups)
         lrs.append(trainer.opt.param_groups[0]["lr"])
     assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+
+
+def test_moving_average_follows_the_trained_weights(tiny_model):
+    """grpo.ema_decay: after each optimizer step ema ← d·ema + (1 − d)·θ; it starts at the base and
+    the online weights are trained as without it."""
+    import copy
+
+    cfg = S.SamplerConfig(steps=2)
+    base = copy.deepcopy(tiny_model)
+    plain = GRPOTrainer(copy.deepcopy(tiny_model), GRPOConfig(objective="awm", lr=1e-3, awm_times=1), cfg)
+    trainer = GRPOTrainer(tiny_model, GRPOConfig(objective="awm", lr=1e-3, awm_times=1, ema_decay=0.75), cfg)
+    assert plain.ema is None
+    groups = rollout_groups(tiny_model, cfg)
+    expected = [p.detach().clone() for p in base.parameters()]
+    for _ in range(3):
+        plain.update(groups)
+        trainer.update(groups)
+        expected = [0.75 * e + 0.25 * p.detach() for e, p in zip(expected, tiny_model.parameters())]
+    for p, q in zip(tiny_model.parameters(), plain.model.parameters()):
+        assert torch.equal(p, q)  # the average does not change what is trained
+    ema = list(trainer.ema.parameters())
+    assert any(not torch.equal(e, b) for e, b in zip(ema, base.parameters()))  # it moved...
+    assert not all(torch.equal(e, p) for e, p in zip(ema, tiny_model.parameters()))  # ...behind θ
+    for e, x in zip(trainer.ema.parameters(), expected):
+        torch.testing.assert_close(e, x, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ConfigError, match="grpo.ema_decay"):
+        GRPOConfig(ema_decay=1.0)
