@@ -32,6 +32,7 @@ TINY = ["sampler.steps=4", "sampler.eval_steps=4", "sampler.sde_steps=2", "run.g
         "run.eval_samples=1", "run.checkpoint_every=100"]
 LORA = ['grpo.finetune="lora"', "grpo.lora_rank=4", "grpo.lora_alpha=8.0"]
 EMA = ["grpo.ema_decay=0.5"]  # with LoRA: one run for both (this file is minutes of CI)
+FULL = ["grpo.ema_decay=0"]  # full fine-tuning without the average (the recipe's default has one)
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +61,7 @@ def records(out, name: str, event: str) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["event"] == event]
 
 
-@pytest.mark.parametrize("finetune", [[], LORA + EMA], ids=["full", "lora-ema"])
+@pytest.mark.parametrize("finetune", [FULL, LORA + EMA], ids=["full", "lora-ema"])
 def test_resume_is_bit_identical_and_eval_reproduces_the_run(tmp_path, capsys, finetune):
     torch.set_num_threads(1)
     run(capsys, tmp_path, "whole", 3, finetune)
@@ -77,13 +78,14 @@ def test_resume_is_bit_identical_and_eval_reproduces_the_run(tmp_path, capsys, f
     ckpt = "checkpoints/iter_0003.safetensors"
     w, s = load_file(tmp_path / "whole" / ckpt), load_file(tmp_path / "split" / ckpt)
     assert w.keys() == s.keys() and all(torch.equal(w[k], s[k]) for k in w)  # Adam state restored too
-    if finetune:
+    lora = finetune != FULL
+    if lora:
         assert any(".lora_A." in k for k in w)
     optim = ckpt.replace(".safetensors", ".optim.safetensors")
     wo, so = load_file(tmp_path / "whole" / optim), load_file(tmp_path / "split" / optim)
     assert wo.keys() == so.keys() and all(torch.equal(wo[k], so[k]) for k in wo)
     online = {k[len("model."):]: v for k, v in wo.items() if k.startswith("model.")}
-    if finetune:  # the model file is the average; the trained weights are in the optimizer file
+    if lora:  # the model file is the average; the trained weights are in the optimizer file
         assert online.keys() == w.keys() and not all(torch.equal(online[k], w[k]) for k in w)
     else:
         assert not online
@@ -101,7 +103,7 @@ def test_resume_is_bit_identical_and_eval_reproduces_the_run(tmp_path, capsys, f
     # The trained checkpoint, exported, re-loads (diffusers folder + LoRA adapter) to its forward.
     path = str(tmp_path / "whole" / ckpt)
     exported = cli(capsys, "export", "--checkpoint", path, "--out", str(tmp_path / "x"))
-    assert (exported["lora"] == "lora") == bool(finetune) and exported["iteration"] == 3
+    assert (exported["lora"] == "lora") == lora and exported["iteration"] == 3
     trained = build_model(ModelConfig(checkpoint=path), VOCABULARY, merge_lora=False)
     assert torch.equal(velocity(load_export(tmp_path / "x")), velocity(trained))
 
