@@ -70,6 +70,10 @@ class GRPOConfig:
     """Times of the 'awm' loss: 'logit_normal' (pretraining's) or 'uniform'."""
     awm_negative: float = 1.0
     """Weight of negative advantages under 'awm' (0 = learn from the better half only)."""
+    awm_push_limit: float = 0.0
+    """Under 'awm', stop pushing a below-average sample away once its flow-matching error exceeds
+    the reference's on the same input by this fraction (0 = never stop): the push-away term has no
+    floor of its own (its loss goes to −∞), and β resists it only in proportion (LEARNING.md)."""
     ema_decay: float = 0.0
     """Exponential moving average of the weights, updated after every optimizer step (0 = off):
     the model evaluated, checkpointed and deployed is the average; rollouts use the online one."""
@@ -96,6 +100,8 @@ class GRPOConfig:
             raise ConfigError(f"grpo.finetune must be 'full' or 'lora', got {self.finetune!r}")
         if self.objective not in ("grpo", "awm"):
             raise ConfigError(f"grpo.objective must be 'grpo' or 'awm', got {self.objective!r}")
+        if self.awm_push_limit < 0:
+            raise ConfigError(f"grpo.awm_push_limit must be >= 0, got {self.awm_push_limit}")
         if not 0 <= self.ema_decay < 1:
             raise ConfigError(f"grpo.ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.awm_negative < 0:
@@ -150,7 +156,8 @@ class GRPOTrainer:
             add_lora(model, cfg)
             self.reference = None
         else:
-            self.reference = copy.deepcopy(model).requires_grad_(False) if cfg.beta > 0 else None
+            referenced = cfg.beta > 0 or cfg.awm_push_limit > 0
+            self.reference = copy.deepcopy(model).requires_grad_(False) if referenced else None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
         self.ema = copy.deepcopy(model).requires_grad_(False) if cfg.ema_decay > 0 else None
@@ -189,6 +196,7 @@ class GRPOTrainer:
             "kl": [],
             "grad_norm": [],
             "update_norm": [],
+            "push_stopped": [],
         }
         chunks = [c for c in np.array_split(np.array(live, dtype=int), cfg.updates_per_iteration) if len(c)]
         warm = min(1.0, (self.iteration + 1) / cfg.warmup_iterations) if cfg.warmup_iterations else 1.0
@@ -271,11 +279,18 @@ class GRPOTrainer:
         text = self.model.encode([g.prompt] * x0.shape[0])
         v = self.model.velocity(xt, t, text)
         err = (v - (eps - x0)).pow(2).flatten(1).mean(1)
+        v_ref = None
+        if cfg.beta > 0 or cfg.awm_push_limit > 0:
+            with torch.no_grad(), self._reference() as ref:
+                v_ref = ref.velocity(xt, t, ref.encode([g.prompt] * x0.shape[0]))
+        if cfg.awm_push_limit > 0:  # pushed far enough: no further gradient from this sample
+            err_ref = (v_ref - (eps - x0)).pow(2).flatten(1).mean(1)
+            stop = (a < 0) & (err.detach() > (1 + cfg.awm_push_limit) * err_ref)
+            a = torch.where(stop, torch.zeros_like(a), a)
+            stats["push_stopped"].append(float(stop.float().mean()))
         loss = (a * err).mean()
         kl = torch.zeros(())
         if cfg.beta > 0:
-            with torch.no_grad(), self._reference() as ref:
-                v_ref = ref.velocity(xt, t, ref.encode([g.prompt] * x0.shape[0]))
             kl = (v - v_ref).pow(2).flatten(1).mean(1).mean()
             loss = loss + cfg.beta * kl
         (loss * scale).backward()

@@ -199,3 +199,38 @@ def test_moving_average_follows_the_trained_weights(tiny_model):
         torch.testing.assert_close(e, x, rtol=1e-5, atol=1e-7)
     with pytest.raises(ConfigError, match="grpo.ema_decay"):
         GRPOConfig(ema_decay=1.0)
+
+
+def test_push_limit_stops_pushing_a_sample_away_past_the_reference(tiny_model):
+    """grpo.awm_push_limit: a below-average sample's flow-matching error stops growing once it is
+    past the reference's by the limit; without it the push goes on."""
+    import copy
+
+    cfg = S.SamplerConfig(steps=3)
+    groups = rollout_groups(tiny_model, cfg)
+    gen = torch.Generator().manual_seed(11)
+    worst = [g.latents[int(g.rewards.argmin()), -1] for g in groups]  # each group's lowest reward
+    x0 = torch.stack(worst).clamp(-1, 1)
+    eps, t = torch.randn(x0.shape, generator=gen), torch.full((len(x0),), 0.5)
+    xt = (1 - t)[:, None, None, None] * x0 + t[:, None, None, None] * eps
+    text_of = lambda m: m.encode([g.prompt for g in groups])  # noqa: E731
+
+    def error(model) -> float:
+        with torch.no_grad():
+            return float((model.velocity(xt, t, text_of(model)) - (eps - x0)).pow(2).mean())
+
+    base = error(tiny_model)
+    grown, stopped = {}, []
+    for limit in (0.0, 0.05):
+        model = copy.deepcopy(tiny_model)
+        grpo = GRPOConfig(objective="awm", lr=3e-3, awm_times=4, awm_push_limit=limit)
+        trainer = GRPOTrainer(model, grpo, cfg)
+        for _ in range(8):
+            stats = trainer.update(groups)
+            stopped.append(stats["push_stopped"])
+        grown[limit] = error(model) / base - 1
+    assert grown[0.0] > 0.2, grown  # pushed away without a limit...
+    assert grown[0.05] < 0.5 * grown[0.0], grown  # ...and held near the limit with one
+    assert max(stopped) > 0
+    with pytest.raises(ConfigError, match="grpo.awm_push_limit"):
+        GRPOConfig(awm_push_limit=-0.1)
