@@ -29,8 +29,7 @@ def save(folder: Path, iteration: int, model, trainer, wall_s: float, state: dic
     ``load_latest``."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"iter_{iteration:04d}.safetensors"
-    deployed = trainer.ema if trainer.ema is not None else model
-    deployed.save(path, extra={"iteration": iteration, "wall_s": wall_s, "state": state or {}})
+    trainer.deployed.save(path, extra={"iteration": iteration, "wall_s": wall_s, "state": state or {}})
     state = trainer.opt.state_dict()
     tensors, steps = {}, {}
     if trainer.ema is not None:

@@ -193,8 +193,7 @@ class Loop:
         self.shape = work.image_shape(recipe)
         self.version = self.start_iteration  # weights version v_i = the weights iteration i starts from
         self.executor = (executor or LocalExecutor)(self.model, recipe, self.version)
-        deployed = self.trainer.ema if self.trainer.ema is not None else self.model  # what users get
-        self.evaluator = Evaluator(deployed, recipe, self.reward, self.out)
+        self.evaluator = Evaluator(self.trainer.deployed, recipe, self.reward, self.out)
         e = recipe.explore
         self.planner = (
             Planner(e.planner_config(), steps=recipe.sampler.steps, group_size=r.group_size)

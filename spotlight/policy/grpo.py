@@ -164,6 +164,11 @@ class GRPOTrainer:
         self.iteration = 0
 
     @property
+    def deployed(self):
+        """The model a user gets from this run: the moving average when there is one."""
+        return self.ema if self.ema is not None else self.model
+
+    @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
