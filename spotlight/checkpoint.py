@@ -41,7 +41,7 @@ def save(folder: Path, iteration: int, model, trainer, wall_s: float, state: dic
             else:
                 tensors[f"{idx}.{key}"] = value.contiguous()
     meta = {"steps": json.dumps(steps), "param_groups": json.dumps(state["param_groups"]),
-            "trainer_iteration": str(trainer.iteration)}
+            "trainer_iteration": str(trainer.iteration), "trainer_beta": json.dumps(trainer.beta)}
     save_file(tensors, str(folder / f"iter_{iteration:04d}.optim.safetensors"), metadata=meta)
     return path
 
@@ -82,4 +82,6 @@ def load_latest(folder: Path, model, trainer) -> tuple[int, float, dict]:
         state["state"].setdefault(int(idx), {})["step"] = torch.tensor(step)
     trainer.opt.load_state_dict(state)
     trainer.iteration = int(meta["trainer_iteration"])
+    if trainer.cfg.kl_target > 0 and "trainer_beta" in meta:  # the adaptive β goes on where it was
+        trainer.beta = max(trainer.cfg.beta, float(json.loads(meta["trainer_beta"])))
     return int(extra["iteration"]), float(extra["wall_s"]), dict(extra.get("state", {}))

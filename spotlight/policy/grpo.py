@@ -42,7 +42,15 @@ class GRPOConfig:
     clip_range: float = 0.2
     """ε of the clipped importance ratio."""
     beta: float = 0.0
-    """Weight of the KL to the reference (base) policy."""
+    """Weight of the KL to the reference (base) policy; with `kl_target`, its starting value and floor."""
+    kl_target: float = 0.0
+    """Adaptive β (0 = β fixed): after each iteration β ← β·(1 + clip(kl / kl_target − 1, ±0.2)·n /
+    kl_horizon), n the iteration's samples (the adaptive KL controller of Ziegler et al. 2019, verl's
+    `kl_ctrl.type = "adaptive"`), never below `beta`: β rises while the policy's distance to the
+    base is past the target and falls back once it is under. The distance is what grows when a run
+    runs away, and the flow-matching drift follows it (LEARNING.md)."""
+    kl_horizon: float = 10_000.0
+    """Samples over which the adaptive β can change by a factor of ~e^0.2 (smaller = faster)."""
     adv_clip: float = 5.0
     timestep_fraction: float = 0.5
     """Fraction of denoising steps trained per iteration (a random subset, seeded)."""
@@ -89,6 +97,12 @@ class GRPOConfig:
             raise ConfigError(f"grpo.clip_range must be > 0, got {self.clip_range}")
         if self.beta < 0:
             raise ConfigError(f"grpo.beta must be >= 0, got {self.beta}")
+        if self.kl_target < 0:
+            raise ConfigError(f"grpo.kl_target must be >= 0, got {self.kl_target}")
+        if self.kl_target > 0 and self.beta <= 0:
+            raise ConfigError("grpo.kl_target needs grpo.beta > 0 (the adaptive β starts there)")
+        if self.kl_horizon <= 0:
+            raise ConfigError(f"grpo.kl_horizon must be > 0, got {self.kl_horizon}")
         if not 0 < self.timestep_fraction <= 1:
             raise ConfigError(f"grpo.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
         if self.warmup_iterations < 0:
@@ -162,6 +176,8 @@ class GRPOTrainer:
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
         self.ema = copy.deepcopy(model).requires_grad_(False) if cfg.ema_decay > 0 else None
         self.iteration = 0
+        self.beta = cfg.beta
+        """The KL weight of the next update: `cfg.beta`, or the adaptive controller's value."""
 
     @property
     def deployed(self):
@@ -234,6 +250,11 @@ class GRPOTrainer:
         out = {k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
         out["groups_trained"] = float(len(live))
         out["groups_zero_var"] = float(len(groups) - len(live))
+        out["beta"] = self.beta
+        if cfg.kl_target > 0 and stats["kl"]:
+            error = min(max(out["kl"] / cfg.kl_target - 1.0, -0.2), 0.2)
+            samples = sum(len(g.seeds) for g in groups)
+            self.beta = max(cfg.beta, self.beta * (1.0 + error * samples / cfg.kl_horizon))
         return out
 
     def _accumulate(self, g: Group, adv: torch.Tensor, steps: list[int], scale: float, stats) -> None:
@@ -255,7 +276,7 @@ class GRPOTrainer:
                         ref, x, x_next, k, ref.encode([g.prompt] * len(g.seeds)), self.sampler
                     )
                 kl = ((mean - ref_mean) ** 2).flatten(1).mean(1).mean() / (2 * std**2)
-                loss = loss + cfg.beta * kl
+                loss = loss + self.beta * kl
             (loss * scale).backward()
             stats["loss"].append(loss.item())
             stats["ratio_dev"].append((ratio.detach() - 1).abs().max().item())
@@ -297,7 +318,7 @@ class GRPOTrainer:
         kl = torch.zeros(())
         if cfg.beta > 0:
             kl = (v - v_ref).pow(2).flatten(1).mean(1).mean()
-            loss = loss + cfg.beta * kl
+            loss = loss + self.beta * kl
         (loss * scale).backward()
         stats["loss"].append(loss.item())
         stats["ratio_dev"].append(0.0)

@@ -3,7 +3,8 @@ through the command line's own entry point, on a tiny model that takes seconds:
 
 - a run stopped after 2 iterations and resumed to 3 ends bit-identical to a run of 3 (weights,
   optimizer-driven rewards), under full fine-tuning and under LoRA with a moving average of the
-  weights (`grpo.ema_decay`: the checkpoint's model is the average, the trained weights resume too);
+  weights (`grpo.ema_decay`: the checkpoint's model is the average, the trained weights resume too),
+  and the adaptive KL weight (`grpo.kl_target`) resumes at the value it had;
 - `spotlight eval` of the final checkpoint (a LoRA one included) reproduces the run's own final
   evaluation (with a moving average: the average is what the run evaluated);
 - `spotlight export` writes a diffusers folder (and, under LoRA, a peft adapter) whose re-loaded
@@ -32,7 +33,9 @@ TINY = ["sampler.steps=4", "sampler.eval_steps=4", "sampler.sde_steps=2", "run.g
         "run.eval_samples=1", "run.checkpoint_every=100"]
 LORA = ['grpo.finetune="lora"', "grpo.lora_rank=4", "grpo.lora_alpha=8.0"]
 EMA = ["grpo.ema_decay=0.5"]  # with LoRA: one run for both (this file is minutes of CI)
-FULL = ["grpo.ema_decay=0"]  # full fine-tuning without the average (the recipe's default has one)
+# full fine-tuning without the average, with the adaptive β at a target so small that β rises after
+# every iteration from the second on: the resumed run must go on with the β it had
+FULL = ["grpo.ema_decay=0", "grpo.kl_target=1e-12", "grpo.kl_horizon=4"]
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +77,9 @@ def test_resume_is_bit_identical_and_eval_reproduces_the_run(tmp_path, capsys, f
     whole, split = records(tmp_path, "whole", "iteration"), records(tmp_path, "split", "iteration")
     assert [r["iteration"] for r in split] == [0, 1, 2]  # each once: the resumed run rewrote nothing
     for a, b in zip(whole, split, strict=True):
-        assert a["rewards"] == b["rewards"] and a["loss"] == b["loss"], a["iteration"]
+        assert (a["rewards"], a["loss"], a["beta"]) == (b["rewards"], b["loss"], b["beta"]), a["iteration"]
+    if finetune == FULL:
+        assert whole[2]["beta"] > whole[1]["beta"] >= 1.0  # the adaptive β moved, and resumed where it was
     ckpt = "checkpoints/iter_0003.safetensors"
     w, s = load_file(tmp_path / "whole" / ckpt), load_file(tmp_path / "split" / ckpt)
     assert w.keys() == s.keys() and all(torch.equal(w[k], s[k]) for k in w)  # Adam state restored too

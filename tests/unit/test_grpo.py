@@ -201,6 +201,39 @@ def test_moving_average_follows_the_trained_weights(tiny_model):
         GRPOConfig(ema_decay=1.0)
 
 
+def test_adaptive_beta_rises_past_the_target_and_falls_back_to_its_floor(tiny_model):
+    """grpo.kl_target: after each update β ← β·(1 + clip(kl/target − 1, ±0.2)·n/horizon), never below
+    grpo.beta; the update uses the β it had before."""
+    cfg = S.SamplerConfig(steps=2)
+    groups = rollout_groups(tiny_model, cfg)
+    n = sum(len(g.seeds) for g in groups)
+    trainer = GRPOTrainer(tiny_model, GRPOConfig(objective="awm", lr=1e-3, awm_times=1, beta=0.5,
+                                                 kl_target=1e-12, kl_horizon=4 * n), cfg)
+    first = trainer.update(groups)  # the model is still the reference: kl = 0, under the target
+    assert first["kl"] == 0.0 and first["beta"] == 0.5 and trainer.beta == 0.5  # floor
+    betas = []
+    for _ in range(3):
+        stats = trainer.update(groups)
+        assert stats["kl"] > 1e-10  # far past the target: the error is clipped at +0.2
+        betas.append(stats["beta"])
+    assert betas == pytest.approx([0.5, 0.5 * 1.05, 0.5 * 1.05**2])
+    assert trainer.beta == pytest.approx(0.5 * 1.05**3)
+    trainer.cfg.kl_target = 1e6  # far under it: falls 5% an update, down to the floor and no lower
+    for _ in range(2):
+        trainer.update(groups)
+    assert trainer.beta == pytest.approx(0.5 * 1.05**3 * 0.95**2)
+    for _ in range(2):
+        trainer.update(groups)
+    assert trainer.beta == 0.5
+    fixed = GRPOTrainer(tiny_model, GRPOConfig(objective="awm", lr=1e-3, awm_times=1, beta=0.5), cfg)
+    fixed.update(groups)
+    assert fixed.beta == 0.5  # kl_target = 0: β stays
+    with pytest.raises(ConfigError, match="grpo.kl_target needs grpo.beta"):
+        GRPOConfig(kl_target=0.01)
+    with pytest.raises(ConfigError, match="grpo.kl_horizon"):
+        GRPOConfig(beta=1, kl_target=0.01, kl_horizon=0)
+
+
 def test_push_limit_stops_pushing_a_sample_away_past_the_reference(tiny_model):
     """grpo.awm_push_limit: a below-average sample's flow-matching error stops growing once it is
     past the reference's by the limit; without it the push goes on."""
