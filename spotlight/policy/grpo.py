@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import random
 from dataclasses import dataclass
 
@@ -61,6 +62,11 @@ class GRPOConfig:
     warmup_iterations: int = 0
     """Linear lr warm-up over this many iterations (0 = none): Adam's first steps are ~lr·sign(g)
     for every weight, a full-size step in a mostly random direction."""
+    decay_iterations: int = 0
+    """Cosine lr decay from `lr` at iteration 0 to `lr·decay_to` at this iteration, held there after
+    (0 = constant lr). Iterations, not minutes, so a resumed run and another machine follow it too."""
+    decay_to: float = 0.1
+    """The lr at the end of the decay, a fraction of `lr`."""
     finetune: str = "full"
     """'full' or 'lora'."""
     lora_rank: int = 8
@@ -107,6 +113,10 @@ class GRPOConfig:
             raise ConfigError(f"grpo.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
         if self.warmup_iterations < 0:
             raise ConfigError(f"grpo.warmup_iterations must be >= 0, got {self.warmup_iterations}")
+        if self.decay_iterations < 0:
+            raise ConfigError(f"grpo.decay_iterations must be >= 0, got {self.decay_iterations}")
+        if not 0 <= self.decay_to <= 1:
+            raise ConfigError(f"grpo.decay_to must be in [0, 1], got {self.decay_to}")
         for name in ("updates_per_iteration", "inner_epochs", "lora_rank"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"grpo.{name} must be >= 1, got {getattr(self, name)}")
@@ -200,6 +210,16 @@ class GRPOTrainer:
             finally:
                 self.model.dit.enable_adapters()
 
+    def lr(self) -> float:
+        """This iteration's lr: the warm-up's ramp times the cosine decay's factor."""
+        cfg, it = self.cfg, self.iteration
+        warm = min(1.0, (it + 1) / cfg.warmup_iterations) if cfg.warmup_iterations else 1.0
+        decay = 1.0
+        if cfg.decay_iterations:
+            cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, it / cfg.decay_iterations)))
+            decay = cfg.decay_to + (1 - cfg.decay_to) * cosine
+        return cfg.lr * warm * decay
+
     def train_steps(self) -> list[int]:
         """The seeded random subset of denoising steps trained this iteration."""
         k = self.sampler.stochastic_steps  # ODE steps carry no action to train
@@ -220,9 +240,8 @@ class GRPOTrainer:
             "push_stopped": [],
         }
         chunks = [c for c in np.array_split(np.array(live, dtype=int), cfg.updates_per_iteration) if len(c)]
-        warm = min(1.0, (self.iteration + 1) / cfg.warmup_iterations) if cfg.warmup_iterations else 1.0
         for group in self.opt.param_groups:
-            group["lr"] = cfg.lr * warm
+            group["lr"] = self.lr()
         for _epoch in range(cfg.inner_epochs):
             for chunk in chunks:
                 self.opt.zero_grad(set_to_none=True)
@@ -250,7 +269,7 @@ class GRPOTrainer:
         out = {k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
         out["groups_trained"] = float(len(live))
         out["groups_zero_var"] = float(len(groups) - len(live))
-        out["beta"] = self.beta
+        out["beta"], out["lr"] = self.beta, self.opt.param_groups[0]["lr"]
         if cfg.kl_target > 0 and stats["kl"]:
             error = min(max(out["kl"] / cfg.kl_target - 1.0, -0.2), 0.2)
             samples = sum(len(g.seeds) for g in groups)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -172,6 +174,24 @@ def test_warmup_ramps_the_learning_rate(tiny_model):
         trainer.update(groups)
         lrs.append(trainer.opt.param_groups[0]["lr"])
     assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+
+
+def test_cosine_decay_after_the_warmup(tiny_model):
+    """grpo.decay_iterations: lr·(decay_to + (1 − decay_to)·½(1 + cos(π·i/N))), times the warm-up's
+    ramp, held at lr·decay_to from iteration N on; each update's lr is in its stats."""
+    cfg = S.SamplerConfig(steps=2)
+    grpo = GRPOConfig(objective="awm", awm_times=1, lr=1e-3, warmup_iterations=2, decay_iterations=4,
+                      decay_to=0.2)
+    trainer = GRPOTrainer(tiny_model, grpo, cfg)
+    groups = rollout_groups(tiny_model, cfg)
+    lrs = [trainer.update(groups)["lr"] for _ in range(6)]
+    cosine = [0.5 * (1 + math.cos(math.pi * i / 4)) for i in range(5)]
+    expected = [1e-3 * min(1, (i + 1) / 2) * (0.2 + 0.8 * cosine[min(i, 4)]) for i in range(6)]
+    assert lrs == pytest.approx(expected) and lrs[-2:] == pytest.approx([2e-4, 2e-4])
+    with pytest.raises(ConfigError, match="grpo.decay_to"):
+        GRPOConfig(decay_to=1.5)
+    with pytest.raises(ConfigError, match="grpo.decay_iterations"):
+        GRPOConfig(decay_iterations=-1)
 
 
 def test_moving_average_follows_the_trained_weights(tiny_model):
