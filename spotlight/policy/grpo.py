@@ -48,8 +48,9 @@ class GRPOConfig:
     """Adaptive β (0 = β fixed): after each iteration β ← β·(1 + clip(kl / kl_target − 1, ±0.2)·n /
     kl_horizon), n the iteration's samples (the adaptive KL controller of Ziegler et al. 2019, verl's
     `kl_ctrl.type = "adaptive"`), never below `beta`: β rises while the policy's distance to the
-    base is past the target and falls back once it is under. The distance is what grows when a run
-    runs away, and the flow-matching drift follows it (LEARNING.md)."""
+    base is past the target and falls back once it is under. Measured on the demo's model
+    (LEARNING.md): a target the gains are made at gave them back (a rising β pulls the weights to
+    the base), a larger one acted too late to stop a run-away; the lr decay is what the demo uses."""
     kl_horizon: float = 10_000.0
     """Samples over which the adaptive β can change by a factor of ~e^0.2 (smaller = faster)."""
     adv_clip: float = 5.0
