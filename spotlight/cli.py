@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -166,8 +167,8 @@ def _run(args) -> int:
     from spotlight.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
-    _sigterm_as_interrupt()
-    summary = Experiment(recipe).run(resume=args.resume, progress=not args.no_progress)
+    with _sigterm_as_interrupt():
+        summary = Experiment(recipe).run(resume=args.resume, progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -243,14 +244,43 @@ def _export(args) -> int:
     return 0
 
 
-def _sigterm_as_interrupt() -> None:
-    """SIGTERM leaves like Ctrl-C, so a runtime tears its processes down in order."""
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Inside it, SIGTERM leaves like Ctrl-C, so a runtime tears its processes down in order.
+
+    What a finalizer raises (`__del__`, a weakref callback, run whenever the collector runs) is
+    printed and dropped ("Exception ignored in ..."), so an interrupt that lands in one would be
+    lost and the run would go on. The unraisable hook sees it go by and sends the signal again from
+    another thread, which the main thread handles once it is out of the finalizer."""
+    import _thread
+    import os
     import signal
 
-    def stop(*_):
+    def again() -> None:  # from a new thread, without waiting for it: the main thread goes on
+        _thread.start_new_thread(os.kill, (os.getpid(), signal.SIGTERM))
+
+    def stop(_signum, frame):
+        while frame is not None:  # in the hook below: what it raises is dropped too
+            if frame.f_code is unraisable.__code__:
+                return again()
+            frame = frame.f_back
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop)
+    previous = sys.unraisablehook
+
+    def unraisable(info) -> None:
+        if isinstance(info.exc_value, KeyboardInterrupt) and signal.getsignal(signal.SIGTERM) is stop:
+            again()
+        else:
+            previous(info)
+
+    handler = signal.signal(signal.SIGTERM, stop)
+    sys.unraisablehook = unraisable
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+        sys.unraisablehook = previous
 
 
 def _reserved(args) -> int:
@@ -260,26 +290,26 @@ def _reserved(args) -> int:
     from spotlight.loop import Loop
     from spotlight.recipe import load_recipe
 
-    _sigterm_as_interrupt()
-    # No local spot workers unless asked for; the actors serve on TCP for spot nodes elsewhere.
-    recipe = load_recipe(
-        args.recipe,
-        ["runtime.spot_workers=0", *args.overrides, 'run.mode="runtime"', 'runtime.transport="tcp"'],
-    )
-    if args.resume:  # no checkpoint: one line, before any process is started
-        from spotlight import checkpoint
-
-        checkpoint.latest(Path(recipe.run.out_dir) / recipe.run.name / "checkpoints")
-    with LocalRuntime(recipe, serve=ServeConfig(**given(args, ServeConfig))) as rt:
-        print(
-            f"controller listening on {rt.endpoint}\nspot nodes join with: launch/spot.sh --controller "
-            f"{rt.endpoint}",
-            flush=True,
+    with _sigterm_as_interrupt():
+        # No local spot workers unless asked for; the actors serve on TCP for spot nodes elsewhere.
+        recipe = load_recipe(
+            args.recipe,
+            ["runtime.spot_workers=0", *args.overrides, 'run.mode="runtime"', 'runtime.transport="tcp"'],
         )
-        loop = Loop(recipe, executor=rt.executor, resume=args.resume, progress=not args.no_progress,
-                    hooks=[rt.metrics_hook])
-        summary = loop.run()
-        rt.plot_spot(loop.metrics.read(), loop.out / "spot.png")
+        if args.resume:  # no checkpoint: one line, before any process is started
+            from spotlight import checkpoint
+
+            checkpoint.latest(Path(recipe.run.out_dir) / recipe.run.name / "checkpoints")
+        with LocalRuntime(recipe, serve=ServeConfig(**given(args, ServeConfig))) as rt:
+            print(
+                f"controller listening on {rt.endpoint}\nspot nodes join with: launch/spot.sh --controller "
+                f"{rt.endpoint}",
+                flush=True,
+            )
+            loop = Loop(recipe, executor=rt.executor, resume=args.resume, progress=not args.no_progress,
+                        hooks=[rt.metrics_hook])
+            summary = loop.run()
+            rt.plot_spot(loop.metrics.read(), loop.out / "spot.png")
     print(json.dumps(summary, indent=2))
     return 0
 
