@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 
 import pytest
 import torch
@@ -39,11 +40,12 @@ FULL = ["grpo.ema_decay=0", "grpo.kl_target=1e-12", "grpo.kl_horizon=4"]
 
 
 @pytest.fixture(autouse=True)
-def keep_sigterm_handler():
-    """`spotlight run` turns SIGTERM into KeyboardInterrupt for its process; put it back."""
-    handler = signal.getsignal(signal.SIGTERM)
+def sigterm_handler_is_put_back():
+    """`spotlight run` turns SIGTERM into KeyboardInterrupt while it runs, and puts the handler (and
+    the unraisable hook) back when it ends, in-process as here too."""
+    handler, hook = signal.getsignal(signal.SIGTERM), sys.unraisablehook
     yield
-    signal.signal(signal.SIGTERM, handler)
+    assert signal.getsignal(signal.SIGTERM) is handler and sys.unraisablehook is hook
 
 
 def cli(capsys, *argv: str) -> dict:
