@@ -13,13 +13,13 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import sys
 from pathlib import Path
 
 from spotlight.errors import SpotlightError
+from spotlight.signals import sigterm_as_interrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,7 +167,7 @@ def _run(args) -> int:
     from spotlight.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         summary = Experiment(recipe).run(resume=args.resume, progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
     return 0
@@ -244,45 +244,6 @@ def _export(args) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """Inside it, SIGTERM leaves like Ctrl-C, so a runtime tears its processes down in order.
-
-    What a finalizer raises (`__del__`, a weakref callback, run whenever the collector runs) is
-    printed and dropped ("Exception ignored in ..."), so an interrupt that lands in one would be
-    lost and the run would go on. The unraisable hook sees it go by and sends the signal again from
-    another thread, which the main thread handles once it is out of the finalizer."""
-    import _thread
-    import os
-    import signal
-
-    def again() -> None:  # from a new thread, without waiting for it: the main thread goes on
-        _thread.start_new_thread(os.kill, (os.getpid(), signal.SIGTERM))
-
-    def stop(_signum, frame):
-        while frame is not None:  # in the hook below: what it raises is dropped too
-            if frame.f_code is unraisable.__code__:
-                return again()
-            frame = frame.f_back
-        raise KeyboardInterrupt
-
-    previous = sys.unraisablehook
-
-    def unraisable(info) -> None:
-        if isinstance(info.exc_value, KeyboardInterrupt) and signal.getsignal(signal.SIGTERM) is stop:
-            again()
-        else:
-            previous(info)
-
-    handler = signal.signal(signal.SIGTERM, stop)
-    sys.unraisablehook = unraisable
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, handler)
-        sys.unraisablehook = previous
-
-
 def _reserved(args) -> int:
     from spotlight.actors.config import ServeConfig
     from spotlight.actors.options import given
@@ -290,7 +251,7 @@ def _reserved(args) -> int:
     from spotlight.loop import Loop
     from spotlight.recipe import load_recipe
 
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         # No local spot workers unless asked for; the actors serve on TCP for spot nodes elsewhere.
         recipe = load_recipe(
             args.recipe,

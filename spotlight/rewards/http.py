@@ -33,7 +33,6 @@ import io
 import json
 import logging
 import math
-import signal
 import sys
 import threading
 import time
@@ -47,6 +46,7 @@ from PIL import Image
 
 from spotlight.errors import ActorDead, ActorTimeout, ConfigError, ProtocolError
 from spotlight.rewards.base import RewardFn, check_batch, check_scores, make_reward
+from spotlight.signals import sigterm_as_interrupt
 
 __all__ = ["HttpReward", "RewardServer", "decode_request", "encode_request", "serve_reward"]
 
@@ -383,12 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     reward = make_reward(args.reward, **dict(args.option))
-    # SIGTERM (from a launcher or a test) exits through the finally blocks, closing the socket.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-
+    # SIGTERM (from a launcher or a test) leaves like Ctrl-C, through the finally blocks that close
+    # the socket, even when it lands in a finalizer
     try:
-        serve_reward(reward, args.host, args.port, on_ready=lambda url: print(
-            f"serving reward {reward.name!r} at {url}{SCORE_PATH}", flush=True))
+        with sigterm_as_interrupt():
+            serve_reward(reward, args.host, args.port, on_ready=lambda url: print(
+                f"serving reward {reward.name!r} at {url}{SCORE_PATH}", flush=True))
     except KeyboardInterrupt:
         pass
     return 0

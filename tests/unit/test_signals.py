@@ -1,5 +1,5 @@
-"""SIGTERM stops `spotlight run` / `spotlight reserved` like Ctrl-C, even when it lands in a
-finalizer: what a `__del__` raises is printed and dropped by Python, and a reserved host once ran on
+"""SIGTERM stops `spotlight run` / `spotlight reserved` / the HTTP reward server like Ctrl-C
+(`spotlight.signals.sigterm_as_interrupt`), even when it lands in a finalizer: what a `__del__` raises is printed and dropped by Python, and a reserved host once ran on
 after a SIGTERM that arrived while the collector ran a library's `__del__` (CI, 2026-12-01)."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import textwrap
 SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, threading
-    from spotlight.cli import _sigterm_as_interrupt
+    from spotlight.signals import sigterm_as_interrupt
 
     class Finalized:
         def __del__(self):
             signal.raise_signal(signal.SIGTERM)  # its handler runs here, inside the finalizer
             sum(range(10))
 
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         try:
             Finalized()  # dropped at once: __del__ runs, the interrupt raised in it is swallowed
             threading.Event().wait(30)  # the run going on; only a re-sent signal ends this early
