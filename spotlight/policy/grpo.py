@@ -54,6 +54,12 @@ class GRPOConfig:
     kl_horizon: float = 10_000.0
     """Samples over which the adaptive β can change by a factor of ~e^0.2 (smaller = faster)."""
     adv_clip: float = 5.0
+    adv_norm: str = "group"
+    """What a group's centred rewards are divided by: 'group' — its own std (Flow-GRPO, DeepSeek's
+    GRPO); 'batch' — the std of the whole iteration's centred rewards (Dr. GRPO's criticism of the
+    per-group std; REINFORCE++'s global normalisation): a group whose samples differ by a sliver of
+    shape credit then gets sliver-sized advantages instead of ±1, and a group where one sample
+    misses an object keeps a large one."""
     timestep_fraction: float = 0.5
     """Fraction of denoising steps trained per iteration (a random subset, seeded)."""
     updates_per_iteration: int = 1
@@ -131,6 +137,8 @@ class GRPOConfig:
             raise ConfigError(f"grpo.ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.awm_negative < 0:
             raise ConfigError(f"grpo.awm_negative must be >= 0, got {self.awm_negative}")
+        if self.adv_norm not in ("group", "batch"):
+            raise ConfigError(f"grpo.adv_norm must be 'group' or 'batch', got {self.adv_norm!r}")
         if self.awm_times < 1:
             raise ConfigError(f"grpo.awm_times must be >= 1, got {self.awm_times}")
         if self.awm_time_dist not in ("logit_normal", "uniform"):
@@ -162,12 +170,23 @@ def add_lora(model, cfg: GRPOConfig):
     return model
 
 
-def advantages(rewards: torch.Tensor, clip: float = 5.0, eps: float = 1e-4) -> torch.Tensor:
-    """Group-normalised advantages of one group's rewards [G]; all-equal rewards give zeros."""
+def advantages(
+    rewards: torch.Tensor, clip: float = 5.0, eps: float = 1e-4, std: float | None = None
+) -> torch.Tensor:
+    """Normalised advantages of one group's rewards [G]: centred on the group's mean, divided by
+    `std` (default: the group's own); all-equal rewards give zeros."""
     r = rewards.double()
-    std = r.std(unbiased=False)
-    adv = (r - r.mean()) / (std + eps) if std > 0 else torch.zeros_like(r)
-    return adv.clamp(-clip, clip).float()
+    centred = r - r.mean()
+    scale = float(r.std(unbiased=False)) if std is None else std
+    if scale <= 0 or not bool(centred.abs().sum() > 0):
+        return torch.zeros_like(r).float()
+    return (centred / (scale + eps)).clamp(-clip, clip).float()
+
+
+def batch_std(groups: list[torch.Tensor]) -> float:
+    """The std of every group's centred rewards together (`adv_norm = "batch"`)."""
+    centred = torch.cat([g.double() - g.double().mean() for g in groups])
+    return float(centred.pow(2).mean().sqrt())
 
 
 class GRPOTrainer:
@@ -229,7 +248,8 @@ class GRPOTrainer:
 
     def update(self, groups: list[Group]) -> dict[str, float]:
         cfg, steps = self.cfg, self.train_steps()
-        advs = [advantages(g.rewards, cfg.adv_clip) for g in groups]
+        std = batch_std([g.rewards for g in groups]) if cfg.adv_norm == "batch" else None
+        advs = [advantages(g.rewards, cfg.adv_clip, std=std) for g in groups]
         live = [i for i, a in enumerate(advs) if a.abs().sum() > 0]  # zero-variance groups teach nothing
         stats: dict[str, list[float]] = {
             "loss": [],

@@ -12,7 +12,7 @@ from spotlight import work
 from spotlight.comm.messages import RolloutWork
 from spotlight.errors import ConfigError
 from spotlight.policy import sampler as S
-from spotlight.policy.grpo import GRPOConfig, GRPOTrainer, advantages
+from spotlight.policy.grpo import GRPOConfig, GRPOTrainer, advantages, batch_std
 from spotlight.policy.seeds import ExploreConfig, candidate_seeds, select_contrast
 
 SHAPE = (3, 16, 16)
@@ -52,6 +52,22 @@ def test_advantages_are_group_normalised():
     a = advantages(torch.tensor([1.0, 2.0, 3.0, 4.0]))
     assert abs(float(a.mean())) < 1e-6 and abs(float(a.std(unbiased=False)) - 1) < 1e-3
     assert torch.equal(advantages(torch.tensor([0.5, 0.5, 0.5])), torch.zeros(3))
+
+
+def test_batch_normalised_advantages_keep_the_groups_relative_sizes():
+    """adv_norm = 'batch': a group whose samples differ by a sliver gets sliver-sized advantages,
+    where the per-group std would blow it up to ±1 like a group with a missing object."""
+    sliver, missing = torch.tensor([0.95, 0.96, 0.95, 0.96]), torch.tensor([1.0, 1.0, 0.5, 1.0])
+    assert float(advantages(sliver).abs().max()) > 0.95  # per group: ±1 (less the 1e-4 epsilon)
+    std = batch_std([sliver, missing])
+    small, large = advantages(sliver, std=std), advantages(missing, std=std)
+    assert float(small.abs().max()) < 0.1 < 1.0 < float(large.abs().max())
+    both = torch.cat([small, large])
+    assert float(both.pow(2).mean().sqrt()) == pytest.approx(1.0, abs=1e-3)  # unit scale over the batch
+    assert abs(float(small.sum())) < 1e-6 and abs(float(large.sum())) < 1e-6  # zero-sum per group
+    assert torch.equal(advantages(torch.tensor([0.5, 0.5]), std=std), torch.zeros(2))
+    with pytest.raises(ConfigError, match="grpo.adv_norm"):
+        GRPOConfig(adv_norm="global")
 
 
 @pytest.mark.parametrize(
