@@ -1,6 +1,7 @@
 """SIGTERM stops `spotlight run` / `spotlight reserved` / the HTTP reward server like Ctrl-C
-(`spotlight.signals.sigterm_as_interrupt`), even when it lands in a finalizer: what a `__del__` raises is printed and dropped by Python, and a reserved host once ran on
-after a SIGTERM that arrived while the collector ran a library's `__del__` (CI, 2026-12-01)."""
+(`spotlight.signals.sigterm_as_interrupt`), even when it lands in a finalizer: what a `__del__`
+raises is printed and dropped by Python, and a reserved host once ran on after a SIGTERM that
+arrived while the collector ran a library's `__del__` (CI, 2026-12-01)."""
 
 from __future__ import annotations
 
