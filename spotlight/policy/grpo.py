@@ -59,7 +59,7 @@ class GRPOConfig:
     GRPO); 'batch' — the std of the whole iteration's centred rewards (Dr. GRPO's criticism of the
     per-group std; REINFORCE++'s global normalisation): a group whose samples differ by a sliver of
     shape credit then gets sliver-sized advantages instead of ±1, and a group where one sample
-    misses an object keeps a large one."""
+    misses an object keeps a large one. On the demo's model the two measured the same (LEARNING.md)."""
     timestep_fraction: float = 0.5
     """Fraction of denoising steps trained per iteration (a random subset, seeded)."""
     updates_per_iteration: int = 1
