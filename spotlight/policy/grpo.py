@@ -179,7 +179,7 @@ def advantages(
     r = rewards.double()
     centred = r - r.mean()
     scale = float(r.std(unbiased=False)) if std is None else std
-    if scale <= 0 or not bool(centred.abs().sum() > 0):
+    if scale <= 0:  # all-equal rewards (a group's own std is 0 exactly when it is)
         return torch.zeros_like(r).float()
     return (centred / (scale + eps)).clamp(-clip, clip).float()
 
