@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -68,6 +70,24 @@ def test_batch_normalised_advantages_keep_the_groups_relative_sizes():
     assert torch.equal(advantages(torch.tensor([0.5, 0.5]), std=std), torch.zeros(2))
     with pytest.raises(ConfigError, match="grpo.adv_norm"):
         GRPOConfig(adv_norm="global")
+
+
+def test_the_trainer_uses_the_configured_advantage_scale(tiny_model):
+    """Spreading one group's rewards 10x about its mean: (almost) no change to the update under
+    the per-group std (it divides the spread back out), a different update under the batch's std."""
+    cfg = S.SamplerConfig(steps=2)
+    groups = rollout_groups(tiny_model, cfg)
+    r = groups[0].rewards
+    spread = [dataclasses.replace(groups[0], rewards=r.mean() + 10 * (r - r.mean())), *groups[1:]]
+
+    def updated(norm, gs):
+        model = copy.deepcopy(tiny_model)
+        GRPOTrainer(model, GRPOConfig(lr=1e-3, adv_norm=norm, timestep_fraction=1.0), cfg).update(gs)
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    moved_group = (updated("group", groups) - updated("group", spread)).norm()  # only the 1e-4 epsilon
+    moved_batch = (updated("batch", groups) - updated("batch", spread)).norm()
+    assert moved_batch > 1e-3 and moved_group < 0.05 * moved_batch, (moved_group, moved_batch)
 
 
 @pytest.mark.parametrize(
