@@ -7,8 +7,10 @@ Prints three tables (results in docs/REWARD.md):
    blocks, ragged blobs) against what the classifier calls them;
 2. the reward of rendered scenes under their true caption and under perturbed captions (wrong
    count, colour, shape, relation): mean score and how often the broken constraint lost its credit;
-3. with --checkpoint: each model's ODE samples (eval prompts, fixed seeds) — the reward's parts
-   and what the classifier calls each object against the shape the prompt names.
+3. with --checkpoint: each model's ODE samples (eval prompts, fixed seeds) — the reward's parts,
+   where the reward it does not earn goes (count, relation, and shape split by cause: a partial
+   overlap with the named outline, an elongated box, another shape, a low overlap, a missing
+   object), and what the classifier calls each object against the shape the prompt names.
 Seeded: a re-run prints the same numbers.
 """
 
@@ -26,7 +28,7 @@ from PIL import Image, ImageDraw
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spotlight.data.scenes import PALETTE, SHAPES, ObjectGroup, Scene, random_scene, render  # noqa: E402
-from spotlight.rewards.compositional import analyse, score_scene  # noqa: E402
+from spotlight.rewards.compositional import analyse, score_scene, shape_shortfall  # noqa: E402
 
 COLUMNS = ("circle", "square", "triangle", "none")
 OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
@@ -119,10 +121,12 @@ def perturbations(n: int) -> dict[str, tuple[float, float]]:
     return {k: (float(np.mean(v)), float(np.mean(lost[k]))) for k, v in scores.items()}
 
 
-def model_samples(checkpoint: str, prompts: str, seeds: int) -> tuple[dict[str, float], dict[str, Counter]]:
+def model_samples(
+    checkpoint: str, prompts: str, seeds: int
+) -> tuple[dict[str, float], dict[str, Counter], dict[str, float]]:
     import torch
 
-    from spotlight.data.prompts import prompt_set
+    from spotlight.data.prompts import heldout_prompts, prompt_set
     from spotlight.data.scenes import VOCABULARY, parse_caption
     from spotlight.models.dit import ModelConfig, build_model
     from spotlight.policy.sampler import sample
@@ -132,7 +136,9 @@ def model_samples(checkpoint: str, prompts: str, seeds: int) -> tuple[dict[str, 
     model = build_model(ModelConfig(checkpoint=checkpoint), VOCABULARY).eval()
     parts: dict[str, list[float]] = {}
     rows: dict[str, Counter] = {s: Counter() for s in SHAPES}
-    for i, p in enumerate(prompt_set(prompts)):
+    lost: Counter = Counter()
+    names = heldout_prompts("broad") if prompts == "heldout" else prompt_set(prompts)
+    for i, p in enumerate(names):
         scene = parse_caption(p)
         imgs = to_uint8_images(
             sample(
@@ -145,10 +151,15 @@ def model_samples(checkpoint: str, prompts: str, seeds: int) -> tuple[dict[str, 
             parts.setdefault("reward", []).append(total)
             for k, v in pt.items():
                 parts.setdefault(k.split(":")[-1], []).append(v)
+                if not k.endswith(":shape"):
+                    lost[k.split(":")[-1]] += (1 - v) / len(pt)
             for g in scene.groups:
                 for b in a.of(g.color):
                     rows[g.shape][b.shape] += 1
-    return {k: float(np.mean(v)) for k, v in parts.items()}, rows
+                for why, v in shape_shortfall(a.of(g.color), g.shape, g.count).items():
+                    lost[f"shape: {why}"] += v / len(pt)
+    n = len(parts["reward"])
+    return {k: float(np.mean(v)) for k, v in parts.items()}, rows, {k: v / n for k, v in lost.items()}
 
 
 def print_confusion(rows: dict[str, Counter], title: str) -> None:
@@ -165,7 +176,11 @@ def main() -> None:
         "--n", type=int, default=400, help="rendered scenes per table (adversarial: n/4 per kind)"
     )
     ap.add_argument("--checkpoint", action="append", default=[], help="also score this model's ODE samples")
-    ap.add_argument("--prompts", default="demo", help="prompt set for --checkpoint samples")
+    ap.add_argument(
+        "--prompts",
+        default="demo",
+        help="prompt set for --checkpoint samples ('heldout': the demo's held-out split)",
+    )
     ap.add_argument("--seeds", type=int, default=16, help="samples per prompt for --checkpoint")
     args = ap.parse_args()
     print_confusion(
@@ -178,9 +193,13 @@ def main() -> None:
         note = f"{1 - lost:.3f} (>= 0.9)" if kind == "true caption" else f"{lost:.3f}"
         print(f"{kind:<16}{mean:>12.3f}{note:>32}")
     for ck in args.checkpoint:
-        parts, rows = model_samples(ck, args.prompts, args.seeds)
+        parts, rows, lost = model_samples(ck, args.prompts, args.seeds)
         print(f"\nmodel {ck}: ODE samples (20 steps), prompts={args.prompts}, {args.seeds} seeds each")
         print("  " + "  ".join(f"{k} {v:.3f}" for k, v in parts.items()))
+        print(f"  where the other {1 - parts['reward']:.3f} goes (reward lost per sample, by cause):")
+        for why, v in sorted(lost.items(), key=lambda kv: -kv[1]):
+            if v > 0:
+                print(f"    {why:<26}{v:.4f}")
         print_confusion(rows, "objects of the named colour: named shape / called")
 
 

@@ -220,6 +220,34 @@ def score_scene(scene: Scene, a: Analysis) -> tuple[float, dict[str, float]]:
     return float(np.mean(list(parts.values()))), parts
 
 
+def shape_shortfall(found: list[Blob], shape: str, count: int) -> dict[str, float]:
+    """Why a colour group's shape constraint fell short, by cause (the values sum to 1 − its score).
+
+    The prompt's `count` slots take the best-credited objects, as `score_scene` does; a slot loses
+    to a *partial overlap* (called `shape`, overlap below FULL_IOU), an *elongated box*, *another
+    shape*, a *low overlap* (below MIN_IOU: a ragged, merged or bitten object), or no object at all
+    (*object missing*). For reports: where a model's reward goes (bench/reward_validation.py).
+    """
+    out = dict.fromkeys(SHORTFALLS, 0.0)
+    best = sorted(found, key=lambda b: -b.shape_credit(shape))[:count]
+    for b in best:
+        credit = b.shape_credit(shape)
+        if credit > 0:
+            why, lost = "partial overlap", 1 - credit
+        elif b.aspect > MAX_ASPECT:
+            why, lost = "elongated box", 1.0
+        elif b.shape != "none":
+            why, lost = "another shape", 1.0
+        else:
+            why, lost = "low overlap", 1.0
+        out[why] += lost / count
+    out["object missing"] = (count - len(best)) / count
+    return out
+
+
+SHORTFALLS = ("partial overlap", "elongated box", "another shape", "low overlap", "object missing")
+
+
 def _holds(relation: str, p: Blob, q: Blob, margin: float = 2.0) -> bool:
     return {
         "left of": p.cx + margin < q.cx,

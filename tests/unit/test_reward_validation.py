@@ -17,7 +17,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from spotlight.data.scenes import PALETTE, SHAPES, ObjectGroup, Scene, random_scene, render
-from spotlight.rewards.compositional import analyse, score_scene
+from spotlight.rewards.compositional import SHORTFALLS, analyse, score_scene, shape_shortfall
 
 OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
 
@@ -188,3 +188,42 @@ def test_specks_wash_and_noise_earn_nothing():
     for img in noise:
         _no_shape_credit(img, "red")
         assert score_scene(Scene((ObjectGroup("red", "circle", 2),)), analyse(img))[0] < 0.2
+
+
+# --- where a sample's shape credit went (bench/reward_validation.py's breakdown) -------------------
+
+
+def test_shape_shortfall_names_each_lost_slot_and_sums_to_what_was_lost():
+    # "three red squares": one clean square, one 8x14 bar, one circle; the third square missing
+    img = _canvas(
+        [
+            ("rectangle", "red", (2, 2, 9, 9)),
+            ("rectangle", "red", (14, 2, 21, 15)),
+            ("ellipse", "red", (2, 18, 11, 27)),
+        ]
+    )
+    a = analyse(img)
+    why = shape_shortfall(a.of("red"), "square", 3)
+    assert set(why) == set(SHORTFALLS)
+    assert why["elongated box"] == pytest.approx(1 / 3)
+    assert why["another shape"] == pytest.approx(1 / 3)
+    assert why["object missing"] == why["low overlap"] == why["partial overlap"] == 0.0  # 3 objects
+    _, p = score_scene(Scene((ObjectGroup("red", "square", 3),)), a)
+    assert sum(why.values()) == pytest.approx(1 - p["red:shape"])
+    # one object for two: the second slot is missing
+    two = shape_shortfall(analyse(_canvas([("rectangle", "red", (2, 2, 9, 9))])).of("red"), "square", 2)
+    assert two["object missing"] == pytest.approx(0.5) and sum(two.values()) == pytest.approx(0.5)
+
+
+def test_shape_shortfall_sums_to_the_shape_loss_under_random_captions():
+    # rendered scenes under perturbed captions lose shape credit in every way the breakdown names
+    rng = random.Random(5)
+    for scene, img in rendered(120, seed=13):
+        a = analyse(img)
+        for g in scene.groups:
+            shape = rng.choice(SHAPES)
+            count = rng.randint(1, 3)
+            _, p = score_scene(Scene((ObjectGroup(g.color, shape, count),)), a)
+            why = shape_shortfall(a.of(g.color), shape, count)
+            assert min(why.values()) >= 0.0
+            assert sum(why.values()) == pytest.approx(1 - p[f"{g.color}:shape"])
