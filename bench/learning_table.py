@@ -2,7 +2,8 @@
 """The learning table of a run, from its metrics.jsonl: every evaluation's ODE reward on held-out
 prompts (the headline, mean ± spread over the evaluation seed sets) and its rise over the base, ODE
 on training prompts, the SDE policy, the held-out shape credit and the flow-matching drift; then the
-issue-11 goals checked against it."""
+issue-11 goals checked against it, and where the held-out reward not earned goes, by cause, at the
+base and at the last evaluation (runs from session 9 on log it)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,12 @@ def main() -> None:
     print(
         f"largest flow-matching drift {100 * drift:+.1f}% (goal < 10%): {'met' if drift < 0.10 else 'missed'}"
     )
+    if "eval_ode_heldout_shortfall" in last and "eval_ode_heldout_shortfall" in base:
+        before, after = base["eval_ode_heldout_shortfall"], last["eval_ode_heldout_shortfall"]
+        print(f"\nheld-out reward not earned, by cause (per sample), iteration 0 -> {last['iteration']}:")
+        for why in sorted(before, key=lambda k: -before[k]):
+            if before[why] or after.get(why):
+                print(f"  {why:<26}{before[why]:.4f} -> {after.get(why, 0.0):.4f}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from PIL import Image, ImageDraw
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spotlight.data.scenes import PALETTE, SHAPES, ObjectGroup, Scene, random_scene, render  # noqa: E402
-from spotlight.rewards.compositional import analyse, score_scene, shape_shortfall  # noqa: E402
+from spotlight.rewards.compositional import analyse, score_scene, shortfall  # noqa: E402
 
 COLUMNS = ("circle", "square", "triangle", "none")
 OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
@@ -151,13 +151,10 @@ def model_samples(
             parts.setdefault("reward", []).append(total)
             for k, v in pt.items():
                 parts.setdefault(k.split(":")[-1], []).append(v)
-                if not k.endswith(":shape"):
-                    lost[k.split(":")[-1]] += (1 - v) / len(pt)
+            lost.update(shortfall(scene, a))
             for g in scene.groups:
                 for b in a.of(g.color):
                     rows[g.shape][b.shape] += 1
-                for why, v in shape_shortfall(a.of(g.color), g.shape, g.count).items():
-                    lost[f"shape: {why}"] += v / len(pt)
     n = len(parts["reward"])
     return {k: float(np.mean(v)) for k, v in parts.items()}, rows, {k: v / n for k, v in lost.items()}
 

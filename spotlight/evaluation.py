@@ -9,7 +9,9 @@ Every evaluation reports (DESIGN §8, issue 11):
   (a fixed batch: same scenes, noise and times at every evaluation, so values are paired), and
   `fm_drift` = fm_loss / the base's − 1: how far RL has moved the model away from drawing images.
 Each reward is the mean over `run.eval_seeds` disjoint seed sets of `run.eval_samples` samples per
-prompt; `*_std` is the spread over those sets. The first seed set's samples are saved as grids.
+prompt; `*_std` is the spread over those sets; `*_parts` the constraints' mean scores and, for a
+reward with a `shortfall` (the compositional one), `*_shortfall` the mean reward lost by cause
+(they sum to 1 − the suite's reward). The first seed set's samples are saved as grids.
 
 Knows the model, the sampler and the reward; not the loop, the trainer or the runtime.
 """
@@ -63,7 +65,7 @@ class Evaluator:
         for name, prompts, sde, suffix in suites:
             if not prompts:
                 continue  # prompt set 'all' has no held-out split
-            per_set, parts, grid = self._suite(
+            per_set, parts, short, grid = self._suite(
                 prompts, sde, offset=HELDOUT_OFFSET if name == "ode_heldout" else 0
             )
             rec[f"eval_{name}"] = float(np.mean(per_set))
@@ -71,6 +73,8 @@ class Evaluator:
             rec[f"eval_{name}_per_set"] = per_set
             if parts:
                 rec[f"eval_{name}_parts"] = parts
+            if short:
+                rec[f"eval_{name}_shortfall"] = short
             if save_samples:
                 save_grid(
                     grid,
@@ -94,10 +98,11 @@ class Evaluator:
 
     def _suite(
         self, prompts: list[str], sde: bool, offset: int
-    ) -> tuple[list[float], dict[str, float], np.ndarray]:
-        """One suite over all seed sets: per-set mean reward, constraint means, set 0's images."""
+    ) -> tuple[list[float], dict[str, float], dict[str, float], np.ndarray]:
+        """One suite over all seed sets: per-set mean reward, constraint means, the mean reward
+        lost by cause (rewards with a `shortfall`), set 0's images."""
         r, s = self.recipe.run, self.recipe.sampler
-        per_set, parts, grid = [], {}, None
+        per_set, parts, short, grid = [], {}, {}, None
         for k in range(r.eval_seeds):
             batch = [p for p in prompts for _ in range(r.eval_samples)]
             seeds = [
@@ -118,7 +123,18 @@ class Evaluator:
                 for img, p in zip(imgs, batch):
                     for key, v in part_fn(img, p).items():
                         parts.setdefault(key.split(":")[-1], []).append(v)
-        return per_set, {k: round(float(np.mean(v)), 4) for k, v in parts.items()}, grid
+            short_fn = getattr(self.reward, "shortfall", None)
+            if short_fn is not None:
+                for img, p in zip(imgs, batch):
+                    for key, v in short_fn(img, p).items():
+                        short[key] = short.get(key, 0.0) + v
+        n = r.eval_seeds * len(prompts) * r.eval_samples
+        return (
+            per_set,
+            {k: round(float(np.mean(v)), 4) for k, v in parts.items()},
+            {k: round(v / n, 4) for k, v in short.items()},
+            grid,
+        )
 
     def fm_loss(self) -> float:
         """Flow-matching loss on the fixed probe batch (renders of the evaluation prompts)."""

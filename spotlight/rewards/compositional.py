@@ -248,6 +248,27 @@ def shape_shortfall(found: list[Blob], shape: str, count: int) -> dict[str, floa
 SHORTFALLS = ("partial overlap", "elongated box", "another shape", "low overlap", "object missing")
 
 
+def shortfall(scene: Scene, a: Analysis) -> dict[str, float]:
+    """The reward one image does not earn, by cause; the values sum to 1 − its score.
+
+    Each constraint's lost credit over the number of constraints (the score is their mean), keyed
+    by constraint ("count", "relation", "present", "only-stated-colours"), with the shape
+    constraints' loss split by `shape_shortfall` ("shape: elongated box", ...). Evaluations log
+    its mean, so a run shows what its reward is still missing, not only how much.
+    """
+    _, parts = score_scene(scene, a)
+    n = len(parts)
+    out: dict[str, float] = {}
+    for key, v in parts.items():
+        name = key.split(":")[-1]
+        if name != "shape":
+            out[name] = out.get(name, 0.0) + (1 - v) / n
+    for g in scene.groups:
+        for why, v in shape_shortfall(a.of(g.color), g.shape, g.count).items():
+            out[f"shape: {why}"] = out.get(f"shape: {why}", 0.0) + v / n
+    return out
+
+
 def _holds(relation: str, p: Blob, q: Blob, margin: float = 2.0) -> bool:
     return {
         "left of": p.cx + margin < q.cx,
@@ -273,6 +294,10 @@ class CompositionalReward(RewardFn):
     def parts(self, image: np.ndarray, prompt: str) -> dict[str, float]:
         """Per-constraint scores of one image (evaluation breaks the reward down with these)."""
         return score_scene(self.scene(prompt), analyse(image, self.max_distance, self.min_area))[1]
+
+    def shortfall(self, image: np.ndarray, prompt: str) -> dict[str, float]:
+        """The reward one image does not earn, by cause (`shortfall`; sums to 1 − its score)."""
+        return shortfall(self.scene(prompt), analyse(image, self.max_distance, self.min_area))
 
     def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
         out = np.empty(len(prompts), dtype=np.float32)

@@ -32,6 +32,9 @@ def test_evaluation_reports_three_suites_and_drift(tiny_model, tiny_cfg, tmp_pat
     for suite in ("ode_heldout", "ode_train", "sde_train"):
         assert len(base[f"eval_{suite}_per_set"]) == 2
         assert set(base[f"eval_{suite}_parts"]) >= {"present", "count", "shape"}
+        lost = base[f"eval_{suite}_shortfall"]  # what the reward missed, by cause
+        assert {"count", "shape: object missing"} <= set(lost)
+        assert abs(sum(lost.values()) - (1 - base[f"eval_{suite}"])) < 1e-3
         assert (
             tmp_path
             / "samples"

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from spotlight.data.scenes import PALETTE, SHAPES, ObjectGroup, Scene, random_scene, render
-from spotlight.rewards.compositional import SHORTFALLS, analyse, score_scene, shape_shortfall
+from spotlight.rewards.compositional import SHORTFALLS, analyse, score_scene, shape_shortfall, shortfall
 
 OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
 
@@ -227,3 +227,22 @@ def test_shape_shortfall_sums_to_the_shape_loss_under_random_captions():
             why = shape_shortfall(a.of(g.color), shape, count)
             assert min(why.values()) >= 0.0
             assert sum(why.values()) == pytest.approx(1 - p[f"{g.color}:shape"])
+
+
+def test_shortfall_sums_to_what_each_image_did_not_earn():
+    # every cause at once: rendered scenes under perturbed captions lose count, colour, shape and
+    # relation credit; the breakdown must account for exactly the reward lost
+    from spotlight.rewards.compositional import CompositionalReward
+
+    rng, rw = random.Random(9), CompositionalReward()
+    seen: set[str] = set()
+    for scene, img in rendered(80, seed=17):
+        for _, wrong, _ in [("true", scene, ""), *_perturbed(scene, rng)]:
+            a = analyse(img)
+            score, _ = score_scene(wrong, a)
+            why = shortfall(wrong, a)
+            assert min(why.values()) >= 0.0
+            assert sum(why.values()) == pytest.approx(1 - score)
+            seen |= {k for k, v in why.items() if v > 0}
+        assert sum(rw.shortfall(img, scene.caption()).values()) == pytest.approx(0.0)
+    assert {"count", "present", "relation", "shape: another shape"} <= seen
