@@ -22,6 +22,9 @@ prompt names (the best-drawn object of each named colour; half credit when they 
 but are not drawn as the named shapes), and "only the stated colours" is the
 fraction of object pixels that are of a stated colour. Partial credit matters for RL: a reward with
 few levels leaves many GRPO groups with zero variance, and those teach nothing.
+`shortfall` splits what an image did not earn by cause — each constraint's loss, and the shape
+loss by what filled each named slot (a partial overlap, an elongated box, another shape, a low
+overlap, nothing); evaluations log its mean, docs/REWARD.md reads it for the demo's model.
 
 The validation (renders with true and perturbed captions, adversarial images) is
 tests/unit/test_compositional.py; the shape confusion matrix is `bench/reward_validation.py`
@@ -220,13 +223,17 @@ def score_scene(scene: Scene, a: Analysis) -> tuple[float, dict[str, float]]:
     return float(np.mean(list(parts.values()))), parts
 
 
+SHORTFALLS = ("partial overlap", "elongated box", "another shape", "low overlap", "object missing")
+"""The causes `shape_shortfall` splits a shape constraint's lost credit into."""
+
+
 def shape_shortfall(found: list[Blob], shape: str, count: int) -> dict[str, float]:
     """Why a colour group's shape constraint fell short, by cause (the values sum to 1 − its score).
 
     The prompt's `count` slots take the best-credited objects, as `score_scene` does; a slot loses
     to a *partial overlap* (called `shape`, overlap below FULL_IOU), an *elongated box*, *another
     shape*, a *low overlap* (below MIN_IOU: a ragged, merged or bitten object), or no object at all
-    (*object missing*). For reports: where a model's reward goes (bench/reward_validation.py).
+    (*object missing*). `shortfall` puts these beside the other constraints' losses.
     """
     out = dict.fromkeys(SHORTFALLS, 0.0)
     best = sorted(found, key=lambda b: -b.shape_credit(shape))[:count]
@@ -243,9 +250,6 @@ def shape_shortfall(found: list[Blob], shape: str, count: int) -> dict[str, floa
         out[why] += lost / count
     out["object missing"] = (count - len(best)) / count
     return out
-
-
-SHORTFALLS = ("partial overlap", "elongated box", "another shape", "low overlap", "object missing")
 
 
 def shortfall(scene: Scene, a: Analysis) -> dict[str, float]:
