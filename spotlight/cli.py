@@ -216,6 +216,7 @@ def _eval(args) -> int:
             "spread": result[f"{k}_std"],
             "per_seed_set": result[f"{k}_per_set"],
             "parts": result.get(f"{k}_parts"),
+            "shortfall": result.get(f"{k}_shortfall"),
         }
         for k in ("eval_ode_heldout", "eval_ode_train", "eval_sde_train")
         if k in result

@@ -106,6 +106,7 @@ def test_resume_is_bit_identical_and_eval_reproduces_the_run(tmp_path, capsys, f
     assert ev["eval_reward"] == final["eval_reward"]
     assert ev["ode_train"]["reward"] == final["eval_ode_train"]
     assert ev["sde_train"]["reward"] == final["eval_sde_train"]
+    assert ev["ode_train"]["shortfall"] == final["eval_ode_train_shortfall"]  # what it missed, by cause
 
     # The trained checkpoint, exported, re-loads (diffusers folder + LoRA adapter) to its forward.
     path = str(tmp_path / "whole" / ckpt)
