@@ -56,8 +56,9 @@ EVAL_CURVES = (  # metrics key, label: the headline first
 
 def plot_rewards(records: list[dict], path: Path) -> None:
     """Evaluation rewards (mean ± spread over eval seed sets: ODE on held-out prompts, ODE on
-    training prompts, the SDE policy) and the rollout reward against iteration and wall time, and
-    the flow-matching drift against iteration."""
+    training prompts, the SDE policy) and the rollout reward against iteration and wall time, the
+    flow-matching drift against iteration, exploration (runs that explore) and the held-out reward
+    not earned by cause (rewards with a `shortfall`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -69,8 +70,9 @@ def plot_rewards(records: list[dict], path: Path) -> None:
         ("eval_reward", "held-out reward")
     ]
     explored = [r for r in train if "explore_requests" in r or "rank_consistency" in r]
-    fig, axes = plt.subplots(1, 4 if explored else 3, figsize=(20 if explored else 15, 3.8),
-                             constrained_layout=True)
+    short = [r for r in evals if "eval_ode_heldout_shortfall" in r]
+    panels = 3 + bool(explored) + bool(short)
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.8), constrained_layout=True)
     for ax, key, label in ((axes[0], "iteration", "iteration"), (axes[1], "wall_s", "wall time (s)")):
         if train:
             ax.plot(
@@ -103,9 +105,27 @@ def plot_rewards(records: list[dict], path: Path) -> None:
     axes[2].grid(alpha=0.3)
     if explored:
         plot_exploration(axes[3], train)
+    if short:
+        plot_shortfall(axes[-1], short)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_shortfall(ax, evals: list[dict]) -> None:
+    """The held-out ODE reward not earned at each evaluation, stacked by cause (count, relation, and
+    the shape loss by what filled each named slot): which failures RL is fixing, not only how many."""
+    its = [r["iteration"] for r in evals]
+    causes = sorted({k for r in evals for k in r["eval_ode_heldout_shortfall"]},
+                    key=lambda k: -evals[0]["eval_ode_heldout_shortfall"].get(k, 0.0))
+    causes = [k for k in causes if any(r["eval_ode_heldout_shortfall"].get(k, 0.0) for r in evals)]
+    ax.stackplot(its, [[r["eval_ode_heldout_shortfall"].get(k, 0.0) for r in evals] for k in causes],
+                 labels=causes, alpha=0.8)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("reward not earned (per sample)")
+    ax.set_title("held-out ODE: what the reward still misses", fontsize=9)
+    ax.legend(loc="upper right", fontsize=7)
+    ax.grid(alpha=0.3)
 
 
 def plot_exploration(ax, train: list[dict]) -> None:
