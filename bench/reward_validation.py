@@ -121,34 +121,47 @@ def perturbations(n: int) -> dict[str, tuple[float, float]]:
     return {k: (float(np.mean(v)), float(np.mean(lost[k]))) for k, v in scores.items()}
 
 
-def model_samples(
-    checkpoint: str, prompts: str, seeds: int
-) -> tuple[dict[str, float], dict[str, Counter], dict[str, float]]:
+def prompt_names(prompts: str) -> list[str]:
+    """A prompt set by name; 'heldout' = the demo's held-out split, 'unseen' = 64 captions the demo
+    never trains on."""
+    from spotlight.data.prompts import heldout_prompts, prompt_set
+
+    if prompts == "heldout":
+        return heldout_prompts("broad")
+    return unseen_prompts(64) if prompts == "unseen" else prompt_set(prompts)
+
+
+def ode_samples(checkpoint: str, prompts: list[str], seeds: int) -> list[np.ndarray]:
+    """`seeds` ODE samples (20 steps) of each prompt, uint8 [seeds, 32, 32, 3] per prompt; the
+    seeds are fixed, so two checkpoints draw from the same noise."""
     import torch
 
-    from spotlight.data.prompts import heldout_prompts, prompt_set
-    from spotlight.data.scenes import VOCABULARY, parse_caption
+    from spotlight.data.scenes import VOCABULARY
     from spotlight.models.dit import ModelConfig, build_model
     from spotlight.policy.sampler import sample
     from spotlight.rewards.base import to_uint8_images
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(checkpoint=checkpoint), VOCABULARY).eval()
+    with torch.no_grad():
+        out = []
+        for i, p in enumerate(prompts):
+            fixed = list(range(10_000 + i * seeds, 10_000 + (i + 1) * seeds))
+            out.append(to_uint8_images(sample(model, [p] * seeds, fixed, (3, 32, 32), 20)))
+        return out
+
+
+def model_samples(
+    checkpoint: str, prompts: str, seeds: int
+) -> tuple[dict[str, float], dict[str, Counter], dict[str, float]]:
+    from spotlight.data.scenes import parse_caption
+
     parts: dict[str, list[float]] = {}
     rows: dict[str, Counter] = {s: Counter() for s in SHAPES}
     lost: Counter = Counter()
-    names = (
-        heldout_prompts("broad") if prompts == "heldout"
-        else unseen_prompts(64) if prompts == "unseen"
-        else prompt_set(prompts)
-    )
-    for i, p in enumerate(names):
+    names = prompt_names(prompts)
+    for p, imgs in zip(names, ode_samples(checkpoint, names, seeds), strict=True):
         scene = parse_caption(p)
-        imgs = to_uint8_images(
-            sample(
-                model, [p] * seeds, list(range(10_000 + i * seeds, 10_000 + (i + 1) * seeds)), (3, 32, 32), 20
-            )
-        )
         for img in imgs:
             a = analyse(img)
             total, pt = score_scene(scene, a)

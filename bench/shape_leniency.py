@@ -19,6 +19,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reward_validation import ode_samples, prompt_names  # noqa: E402  (bench/reward_validation.py)
 
 import spotlight.rewards.compositional as compositional  # noqa: E402
 
@@ -36,23 +39,6 @@ def thresholds(min_iou: float, full_iou: float, max_aspect: float):
         compositional.MIN_IOU, compositional.FULL_IOU, compositional.MAX_ASPECT = saved
 
 
-def samples(checkpoint: str, prompts: list[str], seeds: int) -> list[np.ndarray]:
-    import torch
-
-    from spotlight.data.scenes import VOCABULARY
-    from spotlight.models.dit import ModelConfig, build_model
-    from spotlight.policy.sampler import sample
-    from spotlight.rewards.base import to_uint8_images
-
-    model = build_model(ModelConfig(checkpoint=checkpoint), VOCABULARY).eval()
-    with torch.no_grad():
-        out = []
-        for i, p in enumerate(prompts):
-            fixed = list(range(10_000 + i * seeds, 10_000 + (i + 1) * seeds))  # bench/reward_validation.py's
-            out.append(to_uint8_images(sample(model, [p] * seeds, fixed, (3, 32, 32), 20)))
-        return out
-
-
 def reward(prompts: list[str], imgs: list[np.ndarray]) -> float:
     from spotlight.data.scenes import parse_caption
 
@@ -68,8 +54,6 @@ def reward(prompts: list[str], imgs: list[np.ndarray]) -> float:
 
 
 def main() -> None:
-    from spotlight.data.prompts import heldout_prompts, prompt_set
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", default="builtin:base")
     ap.add_argument("--trained", required=True, help="a trained checkpoint (.safetensors)")
@@ -77,8 +61,9 @@ def main() -> None:
     args = ap.parse_args()
     print("| prompts | thresholds (shape, full credit, aspect) | base | trained | rise | of the way to 1.0 |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for split, prompts in (("held-out", heldout_prompts("broad")), ("training (demo)", prompt_set("demo"))):
-        base, trained = samples(args.base, prompts, args.seeds), samples(args.trained, prompts, args.seeds)
+    for split, prompts in (("held-out", prompt_names("heldout")), ("training (demo)", prompt_names("demo"))):
+        base = ode_samples(args.base, prompts, args.seeds)
+        trained = ode_samples(args.trained, prompts, args.seeds)
         for name, t in READINGS.items():
             with thresholds(*t):
                 b, r = reward(prompts, base), reward(prompts, trained)
