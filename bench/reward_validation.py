@@ -10,7 +10,8 @@ Prints three tables (results in docs/REWARD.md):
 3. with --checkpoint: each model's ODE samples (eval prompts, fixed seeds) — the reward's parts,
    where the reward it does not earn goes (count, relation, and shape split by cause: a partial
    overlap with the named outline, an elongated box, another shape, a low overlap, a missing
-   object), and what the classifier calls each object against the shape the prompt names.
+   object), and what the classifier calls each object against the shape the prompt names; with
+   --gallery, the docked objects' samples labelled with their cause, to look at.
 Seeded: a re-run prints the same numbers.
 """
 
@@ -28,7 +29,7 @@ from PIL import Image, ImageDraw
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spotlight.data.scenes import PALETTE, SHAPES, ObjectGroup, Scene, random_scene, render  # noqa: E402
-from spotlight.rewards.compositional import analyse, score_scene, shortfall  # noqa: E402
+from spotlight.rewards.compositional import analyse, score_scene, shape_cause, shortfall  # noqa: E402
 
 COLUMNS = ("circle", "square", "triangle", "none")
 OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
@@ -152,8 +153,11 @@ def ode_samples(checkpoint: str, prompts: list[str], seeds: int) -> list[np.ndar
 
 
 def model_samples(
-    checkpoint: str, prompts: str, seeds: int
+    checkpoint: str, prompts: str, seeds: int, docked: list | None = None
 ) -> tuple[dict[str, float], dict[str, Counter], dict[str, float]]:
+    """The reward's parts, the shape confusion of the named colours' objects and the reward lost by
+    cause over a model's ODE samples; `docked` collects (image, label) for every named-colour
+    object that lost shape credit, for looking at (--gallery)."""
     from spotlight.data.scenes import parse_caption
 
     parts: dict[str, list[float]] = {}
@@ -172,6 +176,11 @@ def model_samples(
             for g in scene.groups:
                 for b in a.of(g.color):
                     rows[g.shape][b.shape] += 1
+                    why, short = shape_cause(b, g.shape)
+                    if docked is not None and short > 0:
+                        named = b.ious[("circle", "square", "triangle").index(g.shape)]
+                        label = f"{why}\n{g.shape} o={named:.2f} a={b.aspect:.2f}"
+                        docked.append((img, label))
     n = len(parts["reward"])
     return {k: float(np.mean(v)) for k, v in parts.items()}, rows, {k: v / n for k, v in lost.items()}
 
@@ -183,6 +192,21 @@ def unseen_prompts(n: int) -> list[str]:
 
     train = set(prompt_set("broad"))
     return random.Random(0).sample([c for c in all_captions() if c not in train], n)
+
+
+def save_gallery(docked: list, path: Path, columns: int = 8, limit: int = 96) -> None:
+    """The first `limit` docked objects' images (4x), each labelled with its cause, the named shape,
+    the object's overlap with that shape's outline (o) and its bounding box's aspect (a)."""
+    docked = docked[:limit]
+    rows = max(1, -(-len(docked) // columns))
+    sheet = Image.new("RGB", (columns * 132, rows * 160), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    for k, (img, label) in enumerate(docked):
+        x, y = (k % columns) * 132, (k // columns) * 160
+        sheet.paste(Image.fromarray(img).resize((128, 128), Image.NEAREST), (x, y))
+        draw.multiline_text((x, y + 129), label, fill=(0, 0, 0))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sheet.save(path)
 
 
 def print_confusion(rows: dict[str, Counter], title: str) -> None:
@@ -206,6 +230,9 @@ def main() -> None:
         "captions the demo never trains on)",
     )
     ap.add_argument("--seeds", type=int, default=16, help="samples per prompt for --checkpoint")
+    ap.add_argument(
+        "--gallery", type=Path, help="also write, per checkpoint, its samples' docked objects to PATH_<k>.png"
+    )
     args = ap.parse_args()
     print_confusion(
         confusion(args.n),
@@ -216,8 +243,9 @@ def main() -> None:
     for kind, (mean, lost) in perturbations(args.n).items():
         note = f"{1 - lost:.3f} (>= 0.9)" if kind == "true caption" else f"{lost:.3f}"
         print(f"{kind:<16}{mean:>12.3f}{note:>32}")
-    for ck in args.checkpoint:
-        parts, rows, lost = model_samples(ck, args.prompts, args.seeds)
+    for k, ck in enumerate(args.checkpoint):
+        docked: list | None = [] if args.gallery else None
+        parts, rows, lost = model_samples(ck, args.prompts, args.seeds, docked)
         print(f"\nmodel {ck}: ODE samples (20 steps), prompts={args.prompts}, {args.seeds} seeds each")
         print("  " + "  ".join(f"{k} {v:.3f}" for k, v in parts.items()))
         print(f"  where the other {1 - parts['reward']:.3f} goes (reward lost per sample, by cause):")
@@ -225,6 +253,10 @@ def main() -> None:
             if v > 0:
                 print(f"    {why:<26}{v:.4f}")
         print_confusion(rows, "objects of the named colour: named shape / called")
+        if docked is not None:
+            out = args.gallery.with_name(f"{args.gallery.stem}_{k}.png")
+            save_gallery(docked, out)
+            print(f"wrote {out}: {min(len(docked), 96)} of {len(docked)} docked objects")
 
 
 if __name__ == "__main__":

@@ -238,18 +238,21 @@ def shape_shortfall(found: list[Blob], shape: str, count: int) -> dict[str, floa
     out = dict.fromkeys(SHORTFALLS, 0.0)
     best = sorted(found, key=lambda b: -b.shape_credit(shape))[:count]
     for b in best:
-        credit = b.shape_credit(shape)
-        if credit > 0:
-            why, lost = "partial overlap", 1 - credit
-        elif b.aspect > MAX_ASPECT:
-            why, lost = "elongated box", 1.0
-        elif b.shape != "none":
-            why, lost = "another shape", 1.0
-        else:
-            why, lost = "low overlap", 1.0
+        why, lost = shape_cause(b, shape)
         out[why] += lost / count
     out["object missing"] = (count - len(best)) / count
     return out
+
+
+def shape_cause(b: Blob, shape: str) -> tuple[str, float]:
+    """Why one object falls short of full credit as `shape`, and the credit it loses (0 with a
+    full-credit object, whose cause is then "partial overlap")."""
+    credit = b.shape_credit(shape)
+    if credit > 0:
+        return "partial overlap", 1 - credit
+    if b.aspect > MAX_ASPECT:
+        return "elongated box", 1.0
+    return ("another shape" if b.shape != "none" else "low overlap"), 1.0
 
 
 def shortfall(scene: Scene, a: Analysis) -> dict[str, float]:
