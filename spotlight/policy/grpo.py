@@ -90,6 +90,15 @@ class GRPOConfig:
     awm_time_dist: str = "logit_normal"
     """Times of the 'awm' loss: 'logit_normal' (pretraining's) or 'uniform' (the demo's: the same gain,
     no run-away in 200 iterations where logit-normal drifted 88%, LEARNING.md)."""
+    awm_time_min: float = 0.0
+    """Under 'awm', draw the times from [awm_time_min, 1] (the chosen distribution rescaled): 0 = all
+    noise levels. The steps at high t lay the scene out (where objects go, how many, their boxes);
+    a model that already draws shapes cleanly from a good layout learns only there (LEARNING.md)."""
+    awm_rollout_noise: float = 0.0
+    """Under 'awm', the fraction of the `awm_times` draws whose ε is the rollout's own x_1 — the
+    noise that drew the image — instead of a fresh draw: x_t on the line from that noise to its
+    image (rectified flow's 'reflow' coupling), so the loss at high t says which noise led to a
+    good layout, where a fresh ε says only which layouts are good (LEARNING.md, session 10)."""
     awm_negative: float = 1.0
     """Weight of negative advantages under 'awm' (0 = learn from the better half only)."""
     awm_push_limit: float = 0.0
@@ -146,6 +155,10 @@ class GRPOConfig:
             raise ConfigError(
                 f"grpo.awm_time_dist must be 'logit_normal' or 'uniform', got {self.awm_time_dist!r}"
             )
+        if not 0.0 <= self.awm_rollout_noise <= 1.0:
+            raise ConfigError(f"grpo.awm_rollout_noise must be in [0, 1], got {self.awm_rollout_noise}")
+        if not 0.0 <= self.awm_time_min < 1.0:
+            raise ConfigError(f"grpo.awm_time_min must be in [0, 1), got {self.awm_time_min}")
 
 
 @dataclass(slots=True)
@@ -340,8 +353,13 @@ class GRPOTrainer:
             t = torch.sigmoid(torch.randn(n, generator=gen)).to(x0)
         else:
             t = torch.rand(n, generator=gen).to(x0)
+        t = cfg.awm_time_min + (1.0 - cfg.awm_time_min) * t
         if cfg.awm_shared_noise:  # x0 is [x0_1..x0_G] repeated awm_times: draw j for the j-th copy
             eps, t = eps.repeat_interleave(len(g.seeds), 0), t.repeat_interleave(len(g.seeds))
+        own = round(cfg.awm_rollout_noise * cfg.awm_times) * len(g.seeds)
+        if own:  # the first copies re-noise each image with the noise its rollout started from
+            x1 = g.latents[:, 0].to(x0).repeat(cfg.awm_times, 1, 1, 1)
+            eps = torch.cat([x1[:own], eps[own:]])
         xt = (1 - t)[:, None, None, None] * x0 + t[:, None, None, None] * eps
         text = self.model.encode([g.prompt] * x0.shape[0])
         v = self.model.velocity(xt, t, text)

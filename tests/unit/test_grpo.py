@@ -197,8 +197,68 @@ def test_awm_config_is_validated():
         GRPOConfig(objective="awm", awm_time_dist="beta")
     with pytest.raises(ConfigError, match="grpo.awm_negative"):
         GRPOConfig(objective="awm", awm_negative=-1.0)
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ConfigError, match="grpo.awm_time_min"):
+            GRPOConfig(objective="awm", awm_time_min=bad)
+    with pytest.raises(ConfigError, match="grpo.awm_rollout_noise"):
+        GRPOConfig(objective="awm", awm_rollout_noise=1.5)
     with pytest.raises(ConfigError, match="grpo.warmup_iterations"):
         GRPOConfig(warmup_iterations=-1)
+
+
+@pytest.mark.parametrize("dist", ["uniform", "logit_normal"])
+def test_awm_time_min_trains_only_the_high_noise_levels(tiny_model, dist, monkeypatch):
+    """grpo.awm_time_min: every (x_t, t) the AWM loss and its KL see has t in [awm_time_min, 1];
+    without it the same seeded draws reach below it."""
+    cfg = S.SamplerConfig(steps=2)
+    groups = rollout_groups(tiny_model, cfg)
+    seen: dict[float, list[float]] = {}
+    velocity = type(tiny_model).velocity
+    for t_min in (0.0, 0.6):
+        model = copy.deepcopy(tiny_model)
+        trainer = GRPOTrainer(model, GRPOConfig(objective="awm", awm_times=4, awm_time_dist=dist,
+                                                awm_time_min=t_min, beta=0.5), cfg)
+        times = seen.setdefault(t_min, [])
+
+        def spy(self, x, t, text, times=times):
+            times.extend(t.flatten().tolist())
+            return velocity(self, x, t, text)
+
+        monkeypatch.setattr(type(tiny_model), "velocity", spy)
+        trainer.update(groups)
+        trainer.update(groups)
+        monkeypatch.setattr(type(tiny_model), "velocity", velocity)
+    assert len(seen[0.6]) == len(seen[0.0]) > 0
+    assert min(seen[0.6]) >= 0.6 and max(seen[0.6]) <= 1.0
+    assert min(seen[0.0]) < 0.6
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_awm_rollout_noise_renoises_each_image_with_its_own_x1(tiny_model, shared, monkeypatch):
+    """grpo.awm_rollout_noise = 0.5 of 4 draws: two copies of each image are re-noised with the
+    noise its rollout started from (x_t on the line x_1 -> x_0), the other two with fresh noise."""
+    cfg = S.SamplerConfig(steps=2)
+    groups = rollout_groups(tiny_model, cfg)
+    trainer = GRPOTrainer(tiny_model, GRPOConfig(objective="awm", awm_times=4, awm_rollout_noise=0.5,
+                                                 awm_shared_noise=shared), cfg)
+    inputs = []
+    velocity = type(tiny_model).velocity
+
+    def spy(self, x, t, text):
+        if self is tiny_model:
+            inputs.append((x.detach().clone(), t.detach().clone()))
+        return velocity(self, x, t, text)
+
+    monkeypatch.setattr(type(tiny_model), "velocity", spy)
+    trainer.update(groups)
+    assert len(inputs) == len(groups)
+    for g, (xt, t) in zip(groups, inputs, strict=True):
+        G = len(g.seeds)
+        x0, x1 = g.latents[:, -1].clamp(-1, 1), g.latents[:, 0]
+        tt = t[:, None, None, None]
+        line = (1 - tt) * x0.repeat(4, 1, 1, 1) + tt * x1.repeat(4, 1, 1, 1)
+        on_line = (xt - line).flatten(1).abs().amax(1) < 1e-5
+        assert on_line[: 2 * G].all() and not on_line[2 * G :].any()
 
 
 def test_warmup_ramps_the_learning_rate(tiny_model):
