@@ -48,3 +48,13 @@ def test_the_base_redraws_a_true_layout_from_t0_0_3():
     score = [score_scene(parse_caption(c), analyse(i))[0] for c, i in zip(captions, imgs, strict=True)]
     unredrawn = [score_scene(parse_caption(c), analyse(i))[0] for c, i in zip(captions, noisy, strict=True)]
     assert np.mean(score) >= 0.95 > np.mean(unredrawn)
+
+
+def test_grid_sheet_has_a_row_per_t0_and_a_column_per_prompt(tmp_path):
+    from PIL import Image
+
+    rows = [np.full((8, 32, 32, 3), 40 * r, np.uint8) for r in range(3)]
+    redraw.save_grid(rows, ["render", "t0=0.50", "t0=1.00"], tmp_path / "g.png", columns=8)
+    sheet = np.asarray(Image.open(tmp_path / "g.png"))
+    assert sheet.shape == (300, 60 + 800, 3)
+    assert (sheet[100 + 50, 60 + 750] == 40).all() and (sheet[200 + 50, 60 + 50] == 80).all()
