@@ -92,13 +92,15 @@ class GRPOConfig:
     no run-away in 200 iterations where logit-normal drifted 88%, LEARNING.md)."""
     awm_time_min: float = 0.0
     """Under 'awm', draw the times from [awm_time_min, 1] (the chosen distribution rescaled): 0 = all
-    noise levels. The steps at high t lay the scene out (where objects go, how many, their boxes);
-    a model that already draws shapes cleanly from a good layout learns only there (LEARNING.md)."""
+    noise levels. The steps at high t lay the scene out (where objects go, how many, their boxes),
+    which is where the demo's trained model still loses reward; measured there, training only them
+    gained less and drifted more than all noise levels (LEARNING.md, session 10)."""
     awm_rollout_noise: float = 0.0
     """Under 'awm', the fraction of the `awm_times` draws whose ε is the rollout's own x_1 — the
     noise that drew the image — instead of a fresh draw: x_t on the line from that noise to its
     image (rectified flow's 'reflow' coupling), so the loss at high t says which noise led to a
-    good layout, where a fresh ε says only which layouts are good (LEARNING.md, session 10)."""
+    good layout, where a fresh ε says only which layouts are good. Measured on the demo's model: it
+    gained less than fresh noise and did not teach the count (LEARNING.md, session 10)."""
     awm_negative: float = 1.0
     """Weight of negative advantages under 'awm' (0 = learn from the better half only)."""
     awm_push_limit: float = 0.0
@@ -356,10 +358,10 @@ class GRPOTrainer:
         t = cfg.awm_time_min + (1.0 - cfg.awm_time_min) * t
         if cfg.awm_shared_noise:  # x0 is [x0_1..x0_G] repeated awm_times: draw j for the j-th copy
             eps, t = eps.repeat_interleave(len(g.seeds), 0), t.repeat_interleave(len(g.seeds))
-        own = round(cfg.awm_rollout_noise * cfg.awm_times) * len(g.seeds)
+        own = round(cfg.awm_rollout_noise * cfg.awm_times)
         if own:  # the first copies re-noise each image with the noise its rollout started from
-            x1 = g.latents[:, 0].to(x0).repeat(cfg.awm_times, 1, 1, 1)
-            eps = torch.cat([x1[:own], eps[own:]])
+            x1 = g.latents[:, 0].to(x0).repeat(own, 1, 1, 1)
+            eps = torch.cat([x1, eps[len(x1):]])
         xt = (1 - t)[:, None, None, None] * x0 + t[:, None, None, None] * eps
         text = self.model.encode([g.prompt] * x0.shape[0])
         v = self.model.velocity(xt, t, text)
