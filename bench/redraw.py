@@ -16,7 +16,6 @@ row per t0: what the model redrew from them). Seeded: the same renders and noise
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from collections import Counter
 from pathlib import Path
@@ -31,35 +30,17 @@ from reward_validation import prompt_names  # noqa: E402  (bench/reward_validati
 STEPS = 20
 
 
-def renders(captions: list[str], seed: int):
-    """Each caption's scene rendered once, [N, 3, 32, 32] in [-1, 1], and a noise of that shape."""
-    import torch
-
-    from spotlight.data.scenes import parse_caption, render
-
-    rng = random.Random(seed)
-    imgs = np.stack([render(parse_caption(c), 32, rng) for c in captions])
-    x0 = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1
-    eps = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
-    return x0, eps
-
-
 def redraw(model, x0, eps, captions: list[str], t0: float):
-    """x0 noised to t0 (snapped to the 20-step grid) and integrated to t = 0 with the ODE."""
+    """x0 noised to t0 (snapped to the 20-step grid) and integrated to t = 0 with the evaluation's ODE."""
     import torch
 
-    from spotlight.policy.sampler import timesteps
+    from spotlight.policy.sampler import sample, timesteps
 
-    ts = timesteps(STEPS)
     k0 = round((1 - t0) * STEPS)
-    t_start = float(ts[k0])
-    x = (1 - t_start) * x0 + t_start * eps
+    t = float(timesteps(STEPS)[k0])
     with torch.no_grad():
-        text = model.encode(captions)
-        for k in range(k0, STEPS):
-            t = torch.full((x.shape[0],), float(ts[k]))
-            x = x + model.velocity(x, t, text) * float(ts[k + 1] - ts[k])
-    return x.clamp(-1, 1)
+        return sample(model, captions, list(range(len(captions))), tuple(x0.shape[1:]), STEPS,
+                      start=(k0, (1 - t) * x0 + t * eps))
 
 
 def save_grid(rows: list[np.ndarray], labels: list[str], path: Path, columns: int) -> None:
@@ -91,13 +72,13 @@ def main() -> None:
     import torch
 
     from spotlight.data.scenes import VOCABULARY, parse_caption
+    from spotlight.evaluation import fm_probe
     from spotlight.models.dit import ModelConfig, build_model
     from spotlight.rewards.base import to_uint8_images
     from spotlight.rewards.compositional import analyse, score_scene, shortfall
 
-    captions = [p for p in prompt_names(args.prompts) for _ in range(args.renders)]
+    x0, eps, _, captions = fm_probe(prompt_names(args.prompts), 32, args.renders, args.seed)
     scenes = [parse_caption(c) for c in captions]
-    x0, eps = renders(captions, args.seed)
     print(f"redrawn from t0, prompts={args.prompts}, {args.renders} renders each ({len(captions)} scenes)")
     print(f"{'checkpoint':<28}{'t0':>6}{'reward':>9}   largest causes of the reward not earned")
     shown = list(range(0, len(captions), args.renders))  # one scene of each prompt

@@ -132,9 +132,11 @@ def prompt_names(prompts: str) -> list[str]:
     return unseen_prompts(64) if prompts == "unseen" else prompt_set(prompts)
 
 
-def ode_samples(checkpoint: str, prompts: list[str], seeds: int) -> list[np.ndarray]:
-    """`seeds` ODE samples (20 steps) of each prompt, uint8 [seeds, 32, 32, 3] per prompt; the
-    seeds are fixed, so two checkpoints draw from the same noise."""
+def ode_samples(
+    checkpoint: str, prompts: list[str], seeds: int, steps: int = 20, shift: float = 1.0
+) -> list[np.ndarray]:
+    """`seeds` ODE samples (`steps` Euler steps, the evaluation's 20 by default) of each prompt, uint8
+    [seeds, 32, 32, 3] per prompt; the seeds are fixed, so two checkpoints draw from the same noise."""
     import torch
 
     from spotlight.data.scenes import VOCABULARY
@@ -148,12 +150,12 @@ def ode_samples(checkpoint: str, prompts: list[str], seeds: int) -> list[np.ndar
         out = []
         for i, p in enumerate(prompts):
             fixed = list(range(10_000 + i * seeds, 10_000 + (i + 1) * seeds))
-            out.append(to_uint8_images(sample(model, [p] * seeds, fixed, (3, 32, 32), 20)))
+            out.append(to_uint8_images(sample(model, [p] * seeds, fixed, (3, 32, 32), steps, shift)))
         return out
 
 
 def model_samples(
-    checkpoint: str, prompts: str, seeds: int, docked: list | None = None
+    checkpoint: str, prompts: str, seeds: int, docked: list | None = None, steps: int = 20, shift: float = 1.0
 ) -> tuple[dict[str, float], dict[str, Counter], dict[str, float]]:
     """The reward's parts, the shape confusion of the named colours' objects and the reward lost by
     cause over a model's ODE samples; `docked` collects (image, label) for every named-colour
@@ -164,7 +166,7 @@ def model_samples(
     rows: dict[str, Counter] = {s: Counter() for s in SHAPES}
     lost: Counter = Counter()
     names = prompt_names(prompts)
-    for p, imgs in zip(names, ode_samples(checkpoint, names, seeds), strict=True):
+    for p, imgs in zip(names, ode_samples(checkpoint, names, seeds, steps, shift), strict=True):
         scene = parse_caption(p)
         for img in imgs:
             a = analyse(img)
@@ -230,6 +232,8 @@ def main() -> None:
         "captions the demo never trains on)",
     )
     ap.add_argument("--seeds", type=int, default=16, help="samples per prompt for --checkpoint")
+    ap.add_argument("--steps", type=int, default=20, help="ODE steps for --checkpoint (the evaluation's: 20)")
+    ap.add_argument("--shift", type=float, default=1.0, help="time shift of the ODE grid (SD3's: 3)")
     ap.add_argument(
         "--gallery", type=Path, help="also write, per checkpoint, its samples' docked objects to PATH_<k>.png"
     )
@@ -245,8 +249,11 @@ def main() -> None:
         print(f"{kind:<16}{mean:>12.3f}{note:>32}")
     for k, ck in enumerate(args.checkpoint):
         docked: list | None = [] if args.gallery else None
-        parts, rows, lost = model_samples(ck, args.prompts, args.seeds, docked)
-        print(f"\nmodel {ck}: ODE samples (20 steps), prompts={args.prompts}, {args.seeds} seeds each")
+        parts, rows, lost = model_samples(ck, args.prompts, args.seeds, docked, args.steps, args.shift)
+        print(
+            f"\nmodel {ck}: ODE samples ({args.steps} steps, shift {args.shift}), prompts={args.prompts}, "
+            f"{args.seeds} seeds each"
+        )
         print("  " + "  ".join(f"{k} {v:.3f}" for k, v in parts.items()))
         print(f"  where the other {1 - parts['reward']:.3f} goes (reward lost per sample, by cause):")
         for why, v in sorted(lost.items(), key=lambda kv: -kv[1]):

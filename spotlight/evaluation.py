@@ -145,14 +145,14 @@ class Evaluator:
         return float((v - (eps - x0)).pow(2).mean())
 
 
-def fm_probe(prompts: list[str], size: int):
-    """A fixed flow-matching batch: FM_RENDERS rendered scenes per prompt, with noise and times
-    drawn as in pretraining (logit-normal t) from a fixed seed."""
-    rng = random.Random(FM_SEED)
-    captions = [p for p in prompts for _ in range(FM_RENDERS)]
+def fm_probe(prompts: list[str], size: int, renders: int = FM_RENDERS, seed: int = FM_SEED):
+    """A fixed flow-matching batch: `renders` rendered scenes per prompt ([N, 3, H, W] in [-1, 1]),
+    with noise and times drawn as in pretraining (logit-normal t) from a fixed seed."""
+    rng = random.Random(seed)
+    captions = [p for p in prompts for _ in range(renders)]
     imgs = np.stack([render(parse_caption(p), size, rng) for p in captions])
     x0 = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1
-    g = torch.Generator().manual_seed(FM_SEED)
+    g = torch.Generator().manual_seed(seed)
     eps = torch.randn(x0.shape, generator=g)
     t = torch.sigmoid(torch.randn(len(captions), generator=g))
     return x0, eps, t, captions

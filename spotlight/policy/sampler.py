@@ -296,8 +296,12 @@ def sample(
     init_seed: int | None = None,
     noise_patch: int = 1,
     sde_type: str = "flow",
+    start: tuple[int, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Final sample [B, C, H, W] in [-1, 1] (clamped) without recording the trajectory.
+
+    `start` = (k, x): begin at step k from the latent x (at time timesteps(steps, shift)[k])
+    instead of from the seeds' x_1 — SDEdit, and bench/redraw.py's redraws of noised renders.
 
     noise_level None = deterministic Euler ODE (evaluation); a float = the rollout SDE with the same
     (seed, k) draws as `sde_rollout`, so a seed explored here predicts that seed's rollout.
@@ -308,10 +312,13 @@ def sample(
     ts = timesteps(steps, shift)
     compute = _cached_steps(steps, effective_steps)
     text = model.encode(prompts)
-    x = initial_noise(seeds, shape, _device(model), init_seed)
+    k0, x = start if start is not None else (0, initial_noise(seeds, shape, _device(model), init_seed))
+    if not 0 <= k0 <= steps:
+        raise ValueError(f"start step must be in [0, {steps}], got {k0}")
+    compute.add(k0)  # the first step run has no velocity to reuse
     stochastic = steps if sde_steps is None else sde_steps
     v = None
-    for k in range(steps):
+    for k in range(k0, steps):
         if k in compute:
             t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
             v = model.velocity(x, t, text)

@@ -11,6 +11,7 @@ import torch
 
 from spotlight.data.prompts import heldout_prompts
 from spotlight.data.scenes import VOCABULARY, parse_caption
+from spotlight.evaluation import fm_probe
 from spotlight.models.dit import ModelConfig, build_model
 from spotlight.policy.sampler import initial_noise, sample
 from spotlight.rewards.base import to_uint8_images
@@ -29,7 +30,7 @@ def test_redraw_from_pure_noise_is_the_evaluation_sampler():
     model = build_model(ModelConfig(checkpoint="builtin:base"), VOCABULARY).eval()
     captions = heldout_prompts("broad")[:2]
     seeds = [5, 6]
-    x0, _ = redraw.renders(captions, seed=3)
+    x0, _, _, _ = fm_probe(captions, 32, renders=1, seed=3)
     eps = initial_noise(seeds, (3, 32, 32))
     with torch.no_grad():
         expected = sample(model, captions, seeds, (3, 32, 32), redraw.STEPS)
@@ -41,8 +42,7 @@ def test_the_base_redraws_a_true_layout_from_t0_0_3():
     (measured 1.000 over 128 scenes), so the reward a plain sample loses is lost at high noise."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(checkpoint="builtin:base"), VOCABULARY).eval()
-    captions = [p for p in heldout_prompts("broad") for _ in range(2)]
-    x0, eps = redraw.renders(captions, seed=1)
+    x0, eps, _, captions = fm_probe(heldout_prompts("broad"), 32, renders=2, seed=1)
     noisy = to_uint8_images(((1 - 0.3) * x0 + 0.3 * eps).clamp(-1, 1))
     imgs = to_uint8_images(redraw.redraw(model, x0, eps, captions, 0.3))
     score = [score_scene(parse_caption(c), analyse(i))[0] for c, i in zip(captions, imgs, strict=True)]
