@@ -12,7 +12,6 @@ fraction of the base's distance to 1.0 the rise closes. Seeded: the same samples
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 
@@ -23,34 +22,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reward_validation import ode_samples, prompt_names  # noqa: E402  (bench/reward_validation.py)
 
-import spotlight.rewards.compositional as compositional  # noqa: E402
+from spotlight.rewards.compositional import FULL_IOU, MAX_ASPECT, MIN_IOU, CompositionalReward  # noqa: E402
 
-READINGS = {"shipped": (0.78, 0.88, 1.25), "loose": (0.72, 0.80, 1.35)}
-
-
-@contextlib.contextmanager
-def thresholds(min_iou: float, full_iou: float, max_aspect: float):
-    """The shape check's module-level thresholds, set for the block and restored after it."""
-    saved = compositional.MIN_IOU, compositional.FULL_IOU, compositional.MAX_ASPECT
-    compositional.MIN_IOU, compositional.FULL_IOU, compositional.MAX_ASPECT = min_iou, full_iou, max_aspect
-    try:
-        yield
-    finally:
-        compositional.MIN_IOU, compositional.FULL_IOU, compositional.MAX_ASPECT = saved
+READINGS = {"shipped": (MIN_IOU, FULL_IOU, MAX_ASPECT), "loose": (0.72, 0.80, 1.35)}
 
 
-def reward(prompts: list[str], imgs: list[np.ndarray]) -> float:
-    from spotlight.data.scenes import parse_caption
-
-    return float(
-        np.mean(
-            [
-                compositional.score_scene(parse_caption(p), compositional.analyse(im))[0]
-                for p, batch in zip(prompts, imgs, strict=True)
-                for im in batch
-            ]
-        )
-    )
+def reward(rule: tuple[float, float, float], prompts: list[str], imgs: list[np.ndarray]) -> float:
+    """Mean compositional reward of the samples (`imgs[i]`: prompt i's) read with `rule`
+    (min_iou, full_iou, max_aspect), the reward's own arguments."""
+    rw = CompositionalReward(**dict(zip(("min_iou", "full_iou", "max_aspect"), rule, strict=True)))
+    return float(np.mean([rw(batch, [p] * len(batch)) for p, batch in zip(prompts, imgs, strict=True)]))
 
 
 def main() -> None:
@@ -65,8 +46,7 @@ def main() -> None:
         base = ode_samples(args.base, prompts, args.seeds)
         trained = ode_samples(args.trained, prompts, args.seeds)
         for name, t in READINGS.items():
-            with thresholds(*t):
-                b, r = reward(prompts, base), reward(prompts, trained)
+            b, r = reward(t, prompts, base), reward(t, prompts, trained)
             print(f"| {split} | {name} {t} | {b:.3f} | {r:.3f} | {r - b:+.3f} | {(r - b) / (1 - b):.0%} |")
 
 

@@ -40,6 +40,7 @@ import numpy as np
 from scipy import ndimage
 
 from spotlight.data.scenes import BACKGROUND, PALETTE, Scene, parse_caption
+from spotlight.errors import ConfigError
 from spotlight.rewards.base import RewardFn, register_reward
 
 _COLORS = list(PALETTE)
@@ -55,6 +56,38 @@ MAX_ASPECT = 1.25
 _SUPER = 4  # sub-pixel samples per pixel side when rasterising the ideal outlines
 
 
+def _number(v: object) -> bool:
+    """A real number from a recipe (not a bool, not NaN)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeRule:
+    """How strictly an object's outline is read (the reward's `min_iou`, `full_iou`, `max_aspect`
+    arguments): the shipped values are the ones validated in docs/REWARD.md; a looser rule
+    (`bench/shape_leniency.py`) passes more of the near-misses a person would also pass."""
+
+    min_iou: float = MIN_IOU
+    full_iou: float = FULL_IOU
+    max_aspect: float = MAX_ASPECT
+
+    def __post_init__(self) -> None:
+        for name in ("min_iou", "full_iou", "max_aspect"):
+            v = getattr(self, name)
+            if not _number(v):
+                raise ConfigError(f"compositional.{name} must be a number, got {v!r}")
+        if not 0 < self.min_iou < self.full_iou <= 1:
+            raise ConfigError(f"compositional: need 0 < min_iou < full_iou <= 1, got min_iou={self.min_iou}, "
+                              f"full_iou={self.full_iou}")
+        if not self.max_aspect >= 1:
+            raise ConfigError(f"compositional.max_aspect must be >= 1 (long side / short side), "
+                              f"got {self.max_aspect}")
+
+
+SHIPPED = ShapeRule()
+
+
+
 @dataclass(frozen=True, slots=True)
 class Blob:
     """One object: a connected component (fragments joined) of one colour."""
@@ -66,21 +99,23 @@ class Blob:
     fill: float  # area / bounding-box area (kept for reports)
     aspect: float  # long side / short side of the bounding box
     ious: tuple[float, float, float]  # overlap with the ideal circle, square, triangle
+    rule: ShapeRule = SHIPPED  # how strictly `shape` and `shape_credit` read the overlaps
 
     @property
     def shape(self) -> str:
         """'circle' | 'square' | 'triangle', or 'none' for a bar or a shapeless blob."""
-        if self.aspect > MAX_ASPECT:
+        if self.aspect > self.rule.max_aspect:
             return "none"
         best = int(np.argmax(self.ious))
-        return ("circle", "square", "triangle")[best] if self.ious[best] >= MIN_IOU else "none"
+        return ("circle", "square", "triangle")[best] if self.ious[best] >= self.rule.min_iou else "none"
 
     def shape_credit(self, shape: str) -> float:
-        """Credit for being drawn as `shape`: 0 unless it is that shape; 1 from FULL_IOU up."""
+        """Credit for being drawn as `shape`: 0 unless it is that shape; 1 from `full_iou` up."""
         if self.shape != shape:
             return 0.0
         iou = self.ious[("circle", "square", "triangle").index(shape)]
-        return float(min(1.0, (iou - MIN_IOU) / (FULL_IOU - MIN_IOU) * 0.5 + 0.5))
+        lo, hi = self.rule.min_iou, self.rule.full_iou
+        return float(min(1.0, (iou - lo) / (hi - lo) * 0.5 + 0.5))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +126,13 @@ class Analysis:
         return sorted((b for b in self.blobs if b.color == color), key=lambda b: -b.area)
 
 
-def analyse(image: np.ndarray, max_distance: float = 110.0, min_area: int | None = None) -> Analysis:
+def analyse(
+    image: np.ndarray, max_distance: float = 110.0, min_area: int | None = None, rule: ShapeRule = SHIPPED
+) -> Analysis:
     """Colour masks -> objects -> shapes of one uint8 image [H, W, 3].
 
     Objects smaller than `min_area` (default: 1/64 of the canvas, 16 px at 32x32) are specks, not
-    objects: noise must not pass for a count.
+    objects: noise must not pass for a count. Each object's shape is read by `rule`.
     """
     h, w = image.shape[:2]
     min_area = max(4, h * w // 64) if min_area is None else min_area
@@ -110,7 +147,7 @@ def analyse(image: np.ndarray, max_distance: float = 110.0, min_area: int | None
             area = int(comp.sum())
             if area > h * w * 0.35:
                 continue  # a wash of colour over the canvas: not an object
-            blobs.append(_describe(color, comp, area))
+            blobs.append(_describe(color, comp, area, rule))
     return Analysis(tuple(blobs))
 
 
@@ -153,7 +190,7 @@ def _objects(mask: np.ndarray, min_area: int) -> list[np.ndarray]:
     return list(objects.values())
 
 
-def _describe(color: str, comp: np.ndarray, area: int) -> Blob:
+def _describe(color: str, comp: np.ndarray, area: int, rule: ShapeRule) -> Blob:
     ys, xs = np.nonzero(comp)
     y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
     box = comp[y0:y1, x0:x1]
@@ -161,7 +198,8 @@ def _describe(color: str, comp: np.ndarray, area: int) -> Blob:
     ious = tuple(max(_iou(box, t) for t in _outlines(kind, bh, bw))
                  for kind in ("circle", "square", "triangle"))
     return Blob(
-        color, area, float(ys.mean()), float(xs.mean()), area / (bh * bw), max(bh, bw) / min(bh, bw), ious
+        color, area, float(ys.mean()), float(xs.mean()), area / (bh * bw), max(bh, bw) / min(bh, bw), ious,
+        rule,
     )
 
 
@@ -231,9 +269,9 @@ def shape_shortfall(found: list[Blob], shape: str, count: int) -> dict[str, floa
     """Why a colour group's shape constraint fell short, by cause (the values sum to 1 − its score).
 
     The prompt's `count` slots take the best-credited objects, as `score_scene` does; a slot loses
-    to a *partial overlap* (called `shape`, overlap below FULL_IOU), an *elongated box*, *another
-    shape*, a *low overlap* (below MIN_IOU: a ragged, merged or bitten object), or no object at all
-    (*object missing*). `shortfall` puts these beside the other constraints' losses.
+    to a *partial overlap* (called `shape`, overlap below the rule's `full_iou`), an *elongated
+    box*, *another shape*, a *low overlap* (below `min_iou`: a ragged, merged or bitten object), or
+    no object at all (*object missing*). `shortfall` puts these beside the other constraints' losses.
     """
     out = dict.fromkeys(SHORTFALLS, 0.0)
     best = sorted(found, key=lambda b: -b.shape_credit(shape))[:count]
@@ -250,7 +288,7 @@ def shape_cause(b: Blob, shape: str) -> tuple[str, float]:
     credit = b.shape_credit(shape)
     if credit > 0:
         return "partial overlap", 1 - credit
-    if b.aspect > MAX_ASPECT:
+    if b.aspect > b.rule.max_aspect:
         return "elongated box", 1.0
     return ("another shape" if b.shape != "none" else "low overlap"), 1.0
 
@@ -291,23 +329,43 @@ class CompositionalReward(RewardFn):
 
     name = "compositional"
 
-    def __init__(self, max_distance: float = 110.0, min_area: int | None = None):
+    def __init__(
+        self,
+        max_distance: float = 110.0,
+        min_area: int | None = None,
+        min_iou: float = MIN_IOU,
+        full_iou: float = FULL_IOU,
+        max_aspect: float = MAX_ASPECT,
+    ):
+        """`max_distance`: how far (RGB) from a palette colour a pixel may be and still belong to an
+        object; `min_area`: specks below it are not objects (default 1/64 of the canvas);
+        `min_iou`, `full_iou`, `max_aspect`: the shape rule (`ShapeRule`). In a recipe, the
+        `[reward]` table's keys: `name = "compositional"`, `min_iou = 0.72`, ..."""
+        if not _number(max_distance) or not max_distance > 0:
+            raise ConfigError(f"compositional.max_distance must be a number > 0, got {max_distance!r}")
+        if min_area is not None and (not _number(min_area) or int(min_area) != min_area or min_area < 1):
+            raise ConfigError(f"compositional.min_area must be an int >= 1 (pixels), got {min_area!r}")
         self.max_distance, self.min_area = max_distance, min_area
+        self.rule = ShapeRule(min_iou, full_iou, max_aspect)
         self._scenes: dict[str, Scene] = {}
 
     def scene(self, prompt: str) -> Scene:
         return self._scenes.get(prompt) or self._scenes.setdefault(prompt, parse_caption(prompt))
 
+    def analyse(self, image: np.ndarray) -> Analysis:
+        """One image's objects and shapes, read with this reward's thresholds."""
+        return analyse(image, self.max_distance, self.min_area, self.rule)
+
     def parts(self, image: np.ndarray, prompt: str) -> dict[str, float]:
         """Per-constraint scores of one image (evaluation breaks the reward down with these)."""
-        return score_scene(self.scene(prompt), analyse(image, self.max_distance, self.min_area))[1]
+        return score_scene(self.scene(prompt), self.analyse(image))[1]
 
     def shortfall(self, image: np.ndarray, prompt: str) -> dict[str, float]:
         """The reward one image does not earn, by cause (`shortfall`; sums to 1 − its score)."""
-        return shortfall(self.scene(prompt), analyse(image, self.max_distance, self.min_area))
+        return shortfall(self.scene(prompt), self.analyse(image))
 
     def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
         out = np.empty(len(prompts), dtype=np.float32)
         for i, (img, prompt) in enumerate(zip(images, prompts, strict=True)):
-            out[i] = score_scene(self.scene(prompt), analyse(img, self.max_distance, self.min_area))[0]
+            out[i] = score_scene(self.scene(prompt), self.analyse(img))[0]
         return out

@@ -143,3 +143,42 @@ def test_values_are_checked_by_the_reward_when_built():
     cfg = recipe("reward.name=jpeg", "reward.quality=0").reward
     with pytest.raises(ConfigError, match="quality must be in 1..95"):
         load_reward(cfg)
+
+
+def test_the_shape_rule_is_an_argument_of_the_compositional_reward():
+    """`min_iou`, `full_iou`, `max_aspect` set how strictly outlines are read (bench/shape_leniency.py's
+    loose reading is a recipe line now): a 13x10 box is a bar to the shipped rule (aspect 1.3 > 1.25)
+    and a square to one that allows 1.35; the default is the shipped rule, bit for bit."""
+    from PIL import Image, ImageDraw
+
+    from spotlight.data.scenes import PALETTE
+    from spotlight.rewards.compositional import SHIPPED, ShapeRule, analyse, score_scene
+
+    img = Image.new("RGB", (32, 32))
+    ImageDraw.Draw(img).rectangle((8, 8, 17, 20), fill=PALETTE["red"])  # 10 wide, 13 tall
+    img = np.asarray(img)
+    shipped = load_reward(recipe().reward)
+    loose = load_reward(recipe("reward.min_iou=0.72", "reward.full_iou=0.8", "reward.max_aspect=1.35").reward)
+    assert shipped.rule == SHIPPED and loose.rule == ShapeRule(0.72, 0.8, 1.35)
+    assert [b.shape for b in shipped.analyse(img).blobs] == ["none"]
+    assert [b.shape for b in loose.analyse(img).blobs] == ["square"]
+    assert shipped([img], ["a red square"])[0] < loose([img], ["a red square"])[0] == 1.0
+    assert shipped.shortfall(img, "a red square")["shape: elongated box"] > 0
+    assert sum(loose.shortfall(img, "a red square").values()) == 0
+    rendered = np.stack([np.asarray(Image.new("RGB", (32, 32))), img])
+    assert list(shipped(rendered, PROMPTS)) == [  # the module-level reading is the shipped rule
+        score_scene(shipped.scene(p), analyse(i))[0] for i, p in zip(rendered, PROMPTS)]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["reward.min_iou=0.9"], "need 0 < min_iou < full_iou <= 1, got min_iou=0.9, full_iou=0.88"),
+    (["reward.full_iou=1.5"], "need 0 < min_iou < full_iou <= 1"),
+    (["reward.max_aspect=0.8"], "compositional.max_aspect must be >= 1"),
+    (['reward.min_iou="high"'], "compositional.min_iou must be a number, got 'high'"),
+    (["reward.max_distance=0"], "compositional.max_distance must be a number > 0"),
+    (["reward.min_area=2.5"], "compositional.min_area must be an int >= 1"),
+])
+def test_the_compositional_readings_are_checked_when_built(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load_reward(recipe(*overrides).reward)
+    assert message in str(e.value) and "\n" not in str(e.value)
