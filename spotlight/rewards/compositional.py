@@ -87,7 +87,6 @@ class ShapeRule:
 SHIPPED = ShapeRule()
 
 
-
 @dataclass(frozen=True, slots=True)
 class Blob:
     """One object: a connected component (fragments joined) of one colour."""
