@@ -342,7 +342,8 @@ class CompositionalReward(RewardFn):
         `[reward]` table's keys: `name = "compositional"`, `min_iou = 0.72`, ..."""
         if not _number(max_distance) or not max_distance > 0:
             raise ConfigError(f"compositional.max_distance must be a number > 0, got {max_distance!r}")
-        if min_area is not None and (not _number(min_area) or int(min_area) != min_area or min_area < 1):
+        whole = isinstance(min_area, int) and not isinstance(min_area, bool)
+        if min_area is not None and not (whole and min_area >= 1):
             raise ConfigError(f"compositional.min_area must be an int >= 1 (pixels), got {min_area!r}")
         self.max_distance, self.min_area = max_distance, min_area
         self.rule = ShapeRule(min_iou, full_iou, max_aspect)

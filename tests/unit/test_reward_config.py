@@ -165,9 +165,9 @@ def test_the_shape_rule_is_an_argument_of_the_compositional_reward():
     assert shipped([img], ["a red square"])[0] < loose([img], ["a red square"])[0] == 1.0
     assert shipped.shortfall(img, "a red square")["shape: elongated box"] > 0
     assert sum(loose.shortfall(img, "a red square").values()) == 0
-    rendered = np.stack([np.asarray(Image.new("RGB", (32, 32))), img])
-    assert list(shipped(rendered, PROMPTS)) == [  # the module-level reading is the shipped rule
-        score_scene(shipped.scene(p), analyse(i))[0] for i, p in zip(rendered, PROMPTS)]
+    pair = np.stack([np.asarray(Image.new("RGB", (32, 32))), img])  # an empty canvas and the box
+    assert list(shipped(pair, PROMPTS)) == [  # the module-level reading is the shipped rule
+        score_scene(shipped.scene(p), analyse(i))[0] for i, p in zip(pair, PROMPTS)]
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -177,6 +177,7 @@ def test_the_shape_rule_is_an_argument_of_the_compositional_reward():
     (['reward.min_iou="high"'], "compositional.min_iou must be a number, got 'high'"),
     (["reward.max_distance=0"], "compositional.max_distance must be a number > 0"),
     (["reward.min_area=2.5"], "compositional.min_area must be an int >= 1"),
+    (["reward.min_area=inf"], "compositional.min_area must be an int >= 1"),
 ])
 def test_the_compositional_readings_are_checked_when_built(overrides, message):
     with pytest.raises(ConfigError) as e:
