@@ -11,9 +11,9 @@ demo: setup
 # (pyproject [tool.pytest.ini_options]), one test at a time. `make test PYTEST_WORKERS=2` runs them
 # in two pytest-xdist workers that steal work: 0.73 of the time on the 2-core machine (interleaved,
 # docs/BENCHMARKS.md "The test suite's time"), but two of its seven whole runs failed a fault test
-# that one at a time has not — a checkpoint half-written by a kill (fixed since) and an SP regroup
-# test whose restart came "at once" instead of "after the first commit" — so CI keeps one at a time
-# until the second is understood.
+# that one at a time has not — a checkpoint half-written by a kill and an SP restart logged "at
+# once" when its wait had ended while the dead process was being reaped (both fixed since) — so CI
+# keeps one at a time until whole two-worker runs have passed again.
 PYTEST_WORKERS ?= 0
 test: setup
 	.venv/bin/ruff check .

@@ -305,11 +305,12 @@ class GroupServer:
                 log.warning("%s died (exit %s)", h.worker_id, code)
                 self._do(self.sched.died(h.worker_id, f"exit {code}"))
                 self.killing.discard(h.worker_id)
+                commits_at_death = self.first_commits
             await h.kill()  # reap, close its client
             if agent.leaving.is_set():
                 return
             if not failed_starts:
-                why = await self._restart_gate()
+                why = await self._restart_gate(commits_at_death)
                 if agent.leaving.is_set():
                     return
                 log.warning("%s restarting %s", h.worker_id, why)
@@ -324,13 +325,15 @@ class GroupServer:
             failed_starts = 0
             self._do(self.sched.join(h.worker_id))
 
-    async def _restart_gate(self) -> str:
+    async def _restart_gate(self, before: int) -> str:
         """Before a dead member's replacement starts: while a broken group's request re-forms
         without it (the survivor and a spare) and has not committed its first step, and no request
-        lacks members, wait, at most sp_timeout_s. Returns why the wait ended (for the log line)."""
-        if self.restart_now.is_set():
-            return "at once"
-        before = self.first_commits
+        lacks members, wait, at most sp_timeout_s. Returns why the wait ended (for the log line).
+        ``before``: the re-formed groups' first commits counted when the member died — on a loaded
+        machine the wait can end while the dead process is still being reaped."""
+        if self.restart_now.is_set():  # ended already: by a first commit since the death, or never began
+            first = self.first_commits > before
+            return "after the first commit of the re-formed group" if first else "at once"
         leaving = asyncio.ensure_future(self.agent.leaving.wait())
         gate = asyncio.ensure_future(self.restart_now.wait())
         try:
