@@ -7,17 +7,10 @@ mid-interval, broken join/leave sequences, prices and their precedence, the snap
 from __future__ import annotations
 
 import pytest
+from fake_clock import FakeClock
 
 from spotlight.errors import ConfigError, ProtocolError
 from spotlight.spot.cost import CostConfig, CostMeter
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture

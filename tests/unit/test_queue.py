@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from fake_clock import FakeClock
 
 from spotlight.actors.queue.client import QueueClient
 from spotlight.actors.queue.core import QueueConfig, RequestQueueCore
@@ -14,14 +15,6 @@ from spotlight.comm import messages as m
 from spotlight.errors import ActorTimeout, NotFound, ProtocolError, StaleAttempt
 
 pytestmark = pytest.mark.timeout(10)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def req(rid: str, kind: str = "rollout", batch: str = "b0", seed: int = 1) -> m.WorkRequest:
@@ -78,7 +71,7 @@ def test_lease_expiry_requeues_with_resume_ref(core: RequestQueueCore, clock: Fa
     assert (lease.attempt, lease.deadline, lease.resume_step) == (1, 1010.0, None)
     core.heartbeat("r1", 1, "w1", committed_step=4)
     assert core.next_deadline() == 1010.0
-    clock.now = 1010.0
+    clock.t = 1010.0
     assert core.expire_leases() == ["r1"]
     again = core.pull("w2")
     assert again.attempt == 2 and again.work == m.RolloutWork(prompt="p", seeds=[7], version=0)
@@ -89,13 +82,13 @@ def test_lease_expiry_requeues_with_resume_ref(core: RequestQueueCore, clock: Fa
 def test_heartbeat_extends_lease(core: RequestQueueCore, clock: FakeClock) -> None:
     core.submit([req("r1")])
     core.pull("w1")
-    clock.now += 8
+    clock.t += 8
     ext = core.heartbeat("r1", 1, "w1")
     assert ext.deadline == 1018.0 and ext.lease_s == 10.0
-    clock.now = 1015.0
+    clock.t = 1015.0
     assert core.expire_leases() == []  # the old deadline (1010) is superseded
     assert core.next_deadline() == 1018.0
-    clock.now = 1018.0
+    clock.t = 1018.0
     assert core.expire_leases() == ["r1"]
 
 
@@ -113,7 +106,7 @@ def test_release_requeues_at_once_without_counting(core: RequestQueueCore) -> No
 def test_fencing_drops_late_result(core: RequestQueueCore, clock: FakeClock) -> None:
     core.submit([req("r1")])
     core.pull("slow")
-    clock.now += 11
+    clock.t += 11
     core.expire_leases()
     core.pull("fast")
     with pytest.raises(StaleAttempt):
@@ -157,7 +150,7 @@ def test_lost_node_leases_requeued_at_once_and_fenced(core: RequestQueueCore, cl
         lease = core.pull("n3/w0")
         assert lease.request_id == "b"
         core.release_node("n3")
-    clock.now += 11
+    clock.t += 11
     assert sorted(core.expire_leases()) == ["c", "d"]  # a and b are not expired twice
     stats = core.stats()
     assert (stats["node_lost_requeued"], stats["expired"], stats["dead"]) == (7, 2, 0)
@@ -179,7 +172,7 @@ async def test_release_node_through_the_client() -> None:
 def test_dead_letter_after_capped_retries(core: RequestQueueCore, clock: FakeClock) -> None:
     core.submit([req("r1", batch="it3"), req("r2", batch="it3")])
     assert core.pull("w").request_id == "r1"  # attempt 1
-    clock.now += 10
+    clock.t += 10
     core.expire_leases()  # failure 1; r1 keeps its place ahead of r2
     lease = core.pull("w")
     assert (lease.request_id, lease.attempt) == ("r1", 2)
@@ -229,7 +222,7 @@ async def test_cancel_batch_drops_queued_and_fences_leased(core: RequestQueueCor
         core.release("e1", e1.attempt, "w3")
     assert core.pull("w3") is None  # e2 was queued: never leased
     assert core.next_deadline() == r.deadline  # e1's lease is not live any more
-    clock.now += 100.0
+    clock.t += 100.0
     assert core.expire_leases() == ["r"]  # only the other batch's lease expires
     stats = core.stats()
     assert stats["cancelled"] == 2 and stats["now_cancelled"] == 2
@@ -254,13 +247,13 @@ def test_forgotten_requests_leave_no_live_deadline(core: RequestQueueCore, clock
     stale entries must be skipped when their old deadline passes (they once crashed the queue)."""
     core.submit([req("a", batch="one"), req("b", batch="one"), req("c", batch="two")])
     a, b, c = core.pull("w1"), core.pull("w2"), core.pull("w3")
-    clock.now += 1.0
+    clock.t += 1.0
     core.heartbeat("a", a.attempt, "w1")  # a renewed lease: two heap entries for "a"
     core.complete("a", a.attempt, "w1", res(1.0))
     core.complete("b", b.attempt, "w2", res(1.0))
     core.forget_batch("one")
     assert core.next_deadline() == c.deadline  # only the live lease of the unforgotten iteration
-    clock.now += 100.0  # past every deadline in the heap, the forgotten ones included
+    clock.t += 100.0  # past every deadline in the heap, the forgotten ones included
     assert core.expire_leases() == ["c"]
     assert core.next_deadline() is None and core.stats()["now_queued"] == 1  # c waits for attempt 2
 

@@ -9,6 +9,7 @@ resumed / re-run / lost counts, and the accounting fed by controller events.
 from __future__ import annotations
 
 import pytest
+from fake_clock import FakeClock
 
 from spotlight.actors.controller.core import ControllerCore
 from spotlight.comm import messages as m
@@ -17,14 +18,6 @@ from spotlight.recipe import load_recipe
 from spotlight.spot.accounting import SpotAccount, StepLog
 from spotlight.spot.config import SpotConfig, spot_replay
 from spotlight.spot.cost import CostConfig
-
-
-class FakeClock:
-    def __init__(self, t: float = 100.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 # --- [spot] ---------------------------------------------------------------------------------------
@@ -75,7 +68,7 @@ def test_bad_trace_is_one_line_before_anything_starts(tmp_path):
 
 # --- node liveness ----------------------------------------------------------------------------------
 def test_a_silent_node_is_declared_lost_within_the_bound_and_may_come_back():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     recipe = load_recipe("tiny", ["runtime.node_lost_s=4", "runtime.heartbeat_s=1", "runtime.lease_s=3"])
     core = ControllerCore(recipe, "ipc://q", "ipc://s", clock=clock)
     events = []
@@ -103,7 +96,7 @@ def test_the_controllers_own_stall_is_not_a_nodes_silence():
     heartbeats sent meanwhile wait unread, so the late sweep must not declare the live node lost
     (the false positive seen under heavy load); a node that really went silent is still declared
     lost once it has been silent node_lost_s of the controller's listening time."""
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     recipe = load_recipe("tiny", ["runtime.node_lost_s=4", "runtime.heartbeat_s=1", "runtime.lease_s=3"])
     core = ControllerCore(recipe, "ipc://q", "ipc://s", clock=clock)
     core.register(m.Register(node_id="live", kind="spot", workers=1))
