@@ -49,6 +49,7 @@ def run_mode(name: str, args, out: Path) -> dict:
         "runtime.heartbeat_s=0.4",
         "runtime.node_lost_s=6", f"runtime.step_commits={'false' if name == 'naive_spot' else 'true'}",
         "runtime.max_attempts=100",  # chaos hits one request many times; none may be dead-lettered
+        f"runtime.step_delay_s={args.step_delay}",  # a slow device: faults land mid-request
     ])
     torch.manual_seed(args.seed)
     model = policy_model(recipe)
@@ -154,7 +155,6 @@ def main() -> None:
     p.add_argument("--out", default=None, help="keep the runs' logs here (default: a temporary folder)")
     args = p.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["SPOTLIGHT_WORKER_STEP_DELAY_S"] = str(args.step_delay)  # slow device: faults land mid-request
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory(prefix="spl-chaos-") as tmp:

@@ -60,7 +60,7 @@ def overrides(args, peer: bool, out: str) -> list[str]:
             "model.image_size=16", "model.patch=4", "sampler.steps=2", "sampler.sde_steps=none",
             'sampler.sde_type="flow"', "run.group_size=2", f"runtime.reserved_workers={args.workers}",
             "runtime.spot_workers=0", f"runtime.peer_weights={str(peer).lower()}", f'run.out_dir="{out}"',
-            f'run.name="{"peer" if peer else "store"}"']
+            f'run.name="{"peer" if peer else "store"}"', "runtime.step_delay_s=0.2"]
 
 
 def run_mode(args, peer: bool, out: str) -> list:
@@ -91,7 +91,6 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["SPOTLIGHT_WORKER_STEP_DELAY_S"] = "0.2"
     torch.set_num_threads(1)
     started, load0 = datetime.datetime.now(datetime.UTC), os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as out:

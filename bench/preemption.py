@@ -57,6 +57,7 @@ def run(mode: str, args, out: Path) -> dict:
         "run.eval_every=100000", "run.eval_seeds=1", "run.eval_samples=1", "run.checkpoint_every=100000",
         'run.mode="runtime"', f'run.out_dir="{out}"', f'run.name="{mode}"', f"run.seed={args.seed}",
         "runtime.reserved_workers=1", "runtime.lease_s=2", "runtime.heartbeat_s=0.5", "runtime.node_lost_s=3",
+        f"runtime.step_delay_s={args.step_delay}",  # a slow device
     ]
     if mode == "no_preemption":
         spot = [f"runtime.spot_workers={args.spot_workers}"]
@@ -104,7 +105,6 @@ def main() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     os.sched_setaffinity(0, {0})  # the trainer and the reserved side; spot nodes go to CPU 1
     torch.set_num_threads(1)
-    os.environ["SPOTLIGHT_WORKER_STEP_DELAY_S"] = str(args.step_delay)  # a slow device
     out = Path(args.out)
     rows = [run(mode, args, out) for mode in ("no_preemption", "step_commits", "naive_spot")]
     base = rows[0]

@@ -26,6 +26,11 @@ class GroupBroken(Recoverable):
     request resumes from its last commit on a new group."""
 
 
+class Cancelled(Recoverable):
+    """The lease of a running request was revoked (its batch cancelled): the work was dropped
+    between two denoising steps; nothing is retried."""
+
+
 class LeaseExpired(Recoverable):
     """A lease was not renewed in time; the request went back to the queue."""
 

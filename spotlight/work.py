@@ -69,10 +69,11 @@ class Explored:
 
 
 @torch.no_grad()
-def explore(model, job: ExploreWork, sampler: SamplerConfig, reward, shape) -> Explored:
+def explore(model, job: ExploreWork, sampler: SamplerConfig, reward, shape, between_steps=None) -> Explored:
     """The job's candidate seeds scored: sampled with the rollout policy from the group's shared x_1
     (when it has one), with the job's cheaper denoising (evenly spread ``effective_steps``, or
-    diffusers' first-block cache at ``cache_threshold``)."""
+    diffusers' first-block cache at ``cache_threshold``). ``between_steps(k)`` runs after each
+    denoising step k; what it raises ends the job (``spotlight.policy.sampler.sample``)."""
     prompts = [job.prompt] * len(job.seeds)
     with step_cache(model, job.cache_threshold) as cached:
         x = sample_policy(
@@ -83,6 +84,7 @@ def explore(model, job: ExploreWork, sampler: SamplerConfig, reward, shape) -> E
             shape,
             effective_steps=job.effective_steps,
             init_seed=job.init_seed,
+            between_steps=between_steps,
         )
     return Explored(np.asarray(reward(to_uint8_images(x), prompts), dtype=np.float32), cached.stats.computed)
 

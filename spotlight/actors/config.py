@@ -23,6 +23,7 @@ from spotlight.actors.store.core import TensorStoreConfig
 from spotlight.errors import ConfigError
 
 _QUEUE, _STORE = QueueConfig(), TensorStoreConfig()  # the components' own defaults, not a copy
+DELAYS = ("step_delay_s", "lend_delay_s", "borrow_delay_s")  # a modelled slow device: 0 is none
 
 
 @dataclass(kw_only=True, slots=True)
@@ -105,6 +106,15 @@ class RuntimeConfig:
     sp_timeout_s: float = 5.0
     """Timeout of one collective inside an SP group: a member stuck on a hung (alive) peer gives up
     after this long, and is killed if it is still stuck ``sp_release_s`` after its group broke."""
+    step_delay_s: float = 0.0
+    """Model a slower device (benches, fault tests): a worker waits this long after every denoising
+    step it computes, so a notice or a kill lands mid-request (0: no wait)."""
+    lend_delay_s: float = 0.0
+    """Model a slow lender (benches, fault tests): a worker asked to lend a weights version waits
+    this long before it answers (0: no wait)."""
+    borrow_delay_s: float = 0.0
+    """Model a slow borrower (benches, fault tests): a worker holds a lent weights version this long
+    after copying it before it says so (0: no wait)."""
 
     def __post_init__(self) -> None:
         if self.transport not in ("ipc", "tcp"):
@@ -118,8 +128,11 @@ class RuntimeConfig:
             raise ConfigError(f"runtime.store_max_bytes must be > 0, got {self.store_max_bytes}")
         if self.store_keep_versions < 1:
             raise ConfigError(f"runtime.store_keep_versions must be >= 1, got {self.store_keep_versions}")
+        for name in DELAYS:
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"runtime.{name} must be >= 0 seconds, got {getattr(self, name)}")
         for f in dataclasses.fields(self):
-            if f.name.endswith("_s") and not getattr(self, f.name) > 0:
+            if f.name.endswith("_s") and f.name not in DELAYS and not getattr(self, f.name) > 0:
                 raise ConfigError(f"runtime.{f.name} must be > 0 seconds, got {getattr(self, f.name)}")
         if not self.heartbeat_s < self.node_lost_s:
             raise ConfigError(f"runtime.heartbeat_s must be < runtime.node_lost_s ({self.node_lost_s}), "

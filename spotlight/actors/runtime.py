@@ -64,8 +64,6 @@ from spotlight.actors.controller.client import RuntimeExecutor
 from spotlight.actors.controller.core import ControllerCore
 from spotlight.actors.controller.service import BackgroundLoop, Controller
 from spotlight.actors.options import to_argv
-from spotlight.actors.worker.core import STEP_LOG_ENV
-from spotlight.actors.worker.peers import WEIGHTS_LOG_ENV
 from spotlight.comm import shm
 from spotlight.comm.auth import cluster_client_keys, cluster_server_keys
 from spotlight.errors import ActorDead, ActorTimeout
@@ -166,7 +164,8 @@ class LocalRuntime:
         self.endpoint = self._advertised(self.controller.endpoint)
         # The local agents reach the controller over loopback, with the reserved keys when given.
         local = self.controller.endpoint.replace("0.0.0.0", "127.0.0.1")
-        agent = self._agent_cmd = [*py, "spotlight.actors.node", "--controller", local, *keys]
+        agent = self._agent_cmd = [*py, "spotlight.actors.node", "--controller", local, *keys,
+                                   "--log-dir", str(self.log_dir)]
         static_spot = 0 if self.replay is not None else c.spot_workers  # a trace decides spot capacity
         for kind, n in [("reserved", c.reserved_workers), ("spot", static_spot)]:
             if n > 0:  # start all agents first: their workers load the model in parallel
@@ -187,10 +186,8 @@ class LocalRuntime:
             self._ready(child, c.agent_start_s)
 
     def _spawn(self, name: str, cmd: list[str], ready: str) -> procs.Child:
-        env = {STEP_LOG_ENV: str(self.log_dir / "steps.log"),  # workers inherit them from their agent
-               WEIGHTS_LOG_ENV: str(self.log_dir / "weights.log")}
         return procs.spawn(name, cmd, log_path=self.log_dir / f"{name}.log", ready_prefix=ready,
-                           on_exit=self._exited, env=env)
+                           on_exit=self._exited)
 
     # --- spot nodes that come and go -------------------------------------------------------------
     def add_node(self, node_id: str, *, metadata_url: str | None = None, wait: bool = False) -> None:

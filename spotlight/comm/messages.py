@@ -286,6 +286,24 @@ class CancelBatch(Message):
     forget: bool
 
 
+@register("q.wait_revoked")
+@dataclass(kw_only=True, slots=True)
+class WaitRevoked(Message):
+    """Wait up to ``max_wait_s`` for lease ``attempt`` of ``request_id`` to stop being current
+    (its batch cancelled, the lease expired or released). Replied with LeaseRevoked: a node agent
+    stops a running job whose lease was revoked instead of computing it to the end."""
+
+    request_id: str
+    attempt: int
+    max_wait_s: float = 0.0
+
+
+@register("q.revoked")
+@dataclass(kw_only=True, slots=True)
+class LeaseRevoked(Message):
+    revoked: bool
+
+
 @register("q.stats")
 @dataclass(kw_only=True, slots=True)
 class QueueStats(Message):
@@ -687,6 +705,17 @@ class WorkerStop(Message):
     once the running request (if any) has stopped and its commits reached the store."""
 
 
+@register("w.cancel")
+@dataclass(kw_only=True, slots=True)
+class WorkerCancel(Message):
+    """The lease of the worker's running request ``request_id`` (attempt ``attempt``) was revoked:
+    stop it after the step in flight; its WorkerRun is answered ErrorReply("Cancelled"). Replied
+    with Ok at once (also when that request is no longer running)."""
+
+    request_id: str
+    attempt: int
+
+
 @register("w.sp")
 @dataclass(kw_only=True, slots=True)
 class SpGroup(Message):
@@ -757,111 +786,3 @@ class WeightsReturned(Message):
     """The borrower is done with the segment lent under ``token``; replied with Ok."""
 
     token: str
-
-
-# --- node agent <-> the members of its SP groups (spotlight.actors.node.group_shell / member) --------
-# The agent sends commands; a member sends events when something happened (no request/reply pairs
-# except status). Every event names the membership epoch it belongs to: the agent drops stale ones.
-@register("g.hello")
-@dataclass(kw_only=True, slots=True)
-class MemberHello(Message):
-    """A member process is up with its model loaded (``load_s``: import + build + weights;
-    ``weights_s``: the part spent moving ``weights_bytes`` from the store file or a peer)."""
-
-    member: str
-    pid: int
-    load_s: float
-    weights_from: str
-    weights_bytes: int = 0
-    weights_s: float = 0.0
-
-
-@register("g.form")
-@dataclass(kw_only=True, slots=True)
-class GroupForm(Message):
-    """Open the communicator of ``epoch`` (rank ``rank`` of ``size``, at the agent's store) and run
-    ``job`` from the commit of ``resume_step`` (0 = the start), committing every step."""
-
-    epoch: int
-    rank: int
-    size: int
-    request_id: str
-    job: RolloutWork
-    resume_step: int
-
-
-@register("g.leave")
-@dataclass(kw_only=True, slots=True)
-class GroupLeave(Message):
-    """The group of ``epoch`` is broken: stop at the next step boundary and report released."""
-
-    epoch: int
-
-
-@register("g.committed")
-@dataclass(kw_only=True, slots=True)
-class GroupCommitted(Message):
-    member: str
-    epoch: int
-    step: int
-
-
-@register("g.done")
-@dataclass(kw_only=True, slots=True)
-class GroupDone(Message):
-    member: str
-    epoch: int
-
-
-@register("g.released")
-@dataclass(kw_only=True, slots=True)
-class GroupReleased(Message):
-    """The member's compute for ``epoch`` stopped before the end (``error``: why)."""
-
-    member: str
-    epoch: int
-    error: str
-
-
-@register("g.status")
-@dataclass(kw_only=True, slots=True)
-class MemberStatus(Message):
-    """Replied with MemberProgress, even while the member's compute is stuck in a collective."""
-
-    nonce: int
-
-
-@register("g.progress")
-@dataclass(kw_only=True, slots=True)
-class MemberProgress(Message):
-    member: str
-    nonce: int
-    epoch: int | None
-    step: int | None
-    in_collective: bool
-
-
-@register("g.stop")
-@dataclass(kw_only=True, slots=True)
-class MemberStop(Message):
-    """Exit now (the agent kills a member that does not)."""
-
-
-@register("g.share")
-@dataclass(kw_only=True, slots=True)
-class ShareWeights(Message):
-    """Put your weights in a shared-memory segment for a joining peer; replied with WeightsShared."""
-
-    nonce: int
-
-
-@register("g.shared")
-@dataclass(kw_only=True, slots=True)
-class WeightsShared(Message):
-    """``layout``: parameter name -> [dtype, shape, byte offset] inside segment ``segment``."""
-
-    member: str
-    nonce: int
-    segment: str
-    nbytes: int
-    layout: dict[str, Any]

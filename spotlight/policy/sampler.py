@@ -28,6 +28,7 @@ This module knows the math only; the model is anything with `velocity(x, t, text
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -297,8 +298,12 @@ def sample(
     noise_patch: int = 1,
     sde_type: str = "flow",
     start: tuple[int, torch.Tensor] | None = None,
+    between_steps: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
     """Final sample [B, C, H, W] in [-1, 1] (clamped) without recording the trajectory.
+
+    `between_steps(k)` is called after step k (1-based) of every step run; an exception it raises
+    ends the sampling there (a cancelled exploration).
 
     `start` = (k, x): begin at step k from the latent x (at time timesteps(steps, shift)[k])
     instead of from the seeds' x_1 — SDEdit, and bench/redraw.py's redraws of noised renders.
@@ -328,6 +333,8 @@ def sample(
             z = sde_noise(seeds, k, tuple(x.shape[1:]), noise_patch, x.device).to(x.dtype)
             mean, std = transition(v, x, ts, k, noise_level, noise_patch, sde_type)
             x = mean + std * z
+        if between_steps is not None:
+            between_steps(k + 1)
     return x.clamp(-1, 1)
 
 
@@ -340,9 +347,11 @@ def sample_policy(
     *,
     effective_steps: int | None = None,
     init_seed: int | None = None,
+    between_steps: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
     """The rollout policy's final samples (the SDE `cfg` describes) without recording the trajectory:
-    what exploration scores and the SDE evaluation draws. Every sampler setting comes from `cfg`."""
+    what exploration scores and the SDE evaluation draws. Every sampler setting comes from `cfg`;
+    `between_steps` as in `sample`."""
     return sample(
         model,
         prompts,
@@ -356,6 +365,7 @@ def sample_policy(
         init_seed=init_seed,
         noise_patch=cfg.noise_patch,
         sde_type=cfg.sde_type,
+        between_steps=between_steps,
     )
 
 

@@ -2,7 +2,7 @@
 preemptions cost, read from the workers' step log.
 
 - ``StepLog``: reads the lines workers append for every denoising step they compute
-  (``request_id attempt step``; ``spotlight.actors.worker.core.STEP_LOG_ENV``) and tells, per
+  (``request_id attempt step``; ``<log dir>/steps.log``, ``spotlight.actors.worker.core``) and tells, per
   rollout request, how many attempts computed steps, whether a later attempt resumed from a
   commit (its first step > 1) or ran from scratch, and the steps lost: steps computed minus the
   distinct steps of the request (a step computed twice was computed once in vain).

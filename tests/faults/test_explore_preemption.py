@@ -16,10 +16,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 def test_spot_worker_killed_mid_exploration_costs_only_its_request(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    # a slow device: each exploration request and each rollout step takes >= 1.5 s, so the kill
-    # below lands while the spot worker holds an exploration lease
-    monkeypatch.setenv("SPOTLIGHT_WORKER_STEP_DELAY_S", "1.5")
     recipe = load_recipe("tiny", [
+        # a slow device: each denoising step takes >= 1.5 s, so the kill below lands while the
+        # spot worker holds an exploration lease
+        "runtime.step_delay_s=1.5",
         *TINY_MODEL,
         "sampler.eval_steps=2",
         "run.group_size=4",

@@ -1,9 +1,9 @@
 """A lender killed mid-lend: a worker asked by a neighbour for a weights version is SIGKILLed before
-it answers (fault injection: a slow lender, ``SPOTLIGHT_WORKER_LEND_DELAY_S``). The borrower sees
+it answers (a slow lender, ``runtime.lend_delay_s``). The borrower sees
 the lender's exit at once (a pidfd, not the ``runtime.peer_weights_s`` wait), fetches the version
 from the store instead, and every request — the killed lender's included, resumed from its last
 commit — ends bit-identical to the in-process rollout. No lent segment outlives the run. And a
-borrower that holds a lent version past ``runtime.peer_weights_s`` (``SPOTLIGHT_WORKER_BORROW_DELAY_S``):
+borrower that holds a lent version past ``runtime.peer_weights_s`` (``runtime.borrow_delay_s``):
 the lender's version switch waits for that bound and no longer, the late copy is refused."""
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ PROMPT = "a red circle"
 
 def test_borrower_falls_back_to_the_store_when_the_lender_is_killed(tmp_path):
     torch.set_num_threads(1)
-    recipe = load_recipe("tiny", [*TINY, f'run.out_dir="{tmp_path}"'])
+    recipe = load_recipe("tiny", [*TINY, f'run.out_dir="{tmp_path}"',
+                                  "runtime.step_delay_s=0.1",  # the lender is still computing at the kill
+                                  "runtime.lend_delay_s=120"])  # a lender that never answers in time
     torch.manual_seed(0)
     model = policy_model(recipe)
     ref = sde_rollout(model, [PROMPT] * 4, SEEDS, recipe.sampler, (3, 16, 16))
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")
-        env.setenv("SPOTLIGHT_WORKER_STEP_DELAY_S", "0.1")  # the lender is still computing at the kill
-        env.setenv("SPOTLIGHT_WORKER_LEND_DELAY_S", "120")  # a lender that never answers in time
         with LocalRuntime(recipe) as rt:
             log = rt.log_dir / "weights.log"
             rt.call(rt.store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()}))
@@ -85,7 +85,7 @@ def test_borrower_falls_back_to_the_store_when_the_lender_is_killed(tmp_path):
 
 def test_a_lent_version_is_pinned_until_its_bound_then_a_late_copy_is_refused(tmp_path):
     """One buffer per worker (``runtime.worker_versions = 1``); the borrower of version 0 holds it
-    (fault injection: ``SPOTLIGHT_WORKER_BORROW_DELAY_S``) past ``runtime.peer_weights_s``. The
+    (``runtime.borrow_delay_s``) past ``runtime.peer_weights_s``. The
     lender, handed version 1 meanwhile, does not reload its lent buffer until that bound (the pin),
     then does; the borrower's late copy sees the buffer's generation moved, is refused, and the
     borrower fetches version 0 from the store. Every trajectory is bit-identical."""
@@ -93,6 +93,7 @@ def test_a_lent_version_is_pinned_until_its_bound_then_a_late_copy_is_refused(tm
     pin_s, hold_s = 2.0, 6.0
     tiny = [t for t in TINY if not t.startswith("runtime.peer_weights_s")]
     recipe = load_recipe("tiny", [*tiny, f"runtime.peer_weights_s={pin_s}", "runtime.worker_versions=1",
+                                  "runtime.step_delay_s=0.02", f"runtime.borrow_delay_s={hold_s}",
                                   f'run.out_dir="{tmp_path}"'])
     torch.manual_seed(0)
     model = policy_model(recipe)
@@ -103,8 +104,6 @@ def test_a_lent_version_is_pinned_until_its_bound_then_a_late_copy_is_refused(tm
     states.append({k: v.clone() for k, v in model.state_dict().items()})
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")
-        env.setenv("SPOTLIGHT_WORKER_STEP_DELAY_S", "0.02")
-        env.setenv("SPOTLIGHT_WORKER_BORROW_DELAY_S", str(hold_s))
         with LocalRuntime(recipe) as rt:
             log = rt.log_dir / "weights.log"
             for v, state in enumerate(states):

@@ -57,14 +57,13 @@ PROMPT = "a red circle"
 def runtime(tmp_path_factory):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("faults")
-    recipe = load_recipe("tiny", [*TINY, f'run.out_dir="{out}"'])
+    # a slow device (50 ms after each step), so kills land mid-request
+    recipe = load_recipe("tiny", [*TINY, "runtime.step_delay_s=0.05", f'run.out_dir="{out}"'])
     torch.manual_seed(0)
     model = build_policy_model(recipe)
     # The variables reach the workers; the context puts the environment back for later modules.
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")
-        # Fault injection: a slow device (50 ms after each step) so kills land mid-request.
-        env.setenv("SPOTLIGHT_WORKER_STEP_DELAY_S", "0.05")
         with LocalRuntime(recipe) as rt:
             rt.call(rt.store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()}))
             rt.reference = sde_rollout(model, [PROMPT] * 4, SEEDS, recipe.sampler, (3, 16, 16))

@@ -52,6 +52,7 @@ TINY = [
     "runtime.lease_s=3",
     "runtime.heartbeat_s=0.3",
     "runtime.sp_timeout_s=2",
+    "runtime.step_delay_s=0.05",  # a slow device: kills land mid-request
 ]
 SEEDS = [11, 12, 13, 14]
 PROMPT = "a red circle"
@@ -66,7 +67,6 @@ def runtime(tmp_path_factory):
     model = build_policy_model(recipe)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")
-        env.setenv("SPOTLIGHT_WORKER_STEP_DELAY_S", "0.05")  # a slow device: kills land mid-request
         with LocalRuntime(recipe) as rt:
             rt.call(rt.store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()}))
             rt.reference = sde_rollout(model, [PROMPT] * 4, SEEDS, recipe.sampler, (3, 16, 16))

@@ -54,12 +54,12 @@ OVERRIDES = [
 def runtime(tmp_path_factory):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("spot-nodes")
-    recipe = load_recipe("tiny", [*OVERRIDES, f'run.out_dir="{out}"'])
+    # a slow device: faults land mid-request
+    recipe = load_recipe("tiny", [*OVERRIDES, "runtime.step_delay_s=0.1", f'run.out_dir="{out}"'])
     torch.manual_seed(0)
     model = build_policy_model(recipe)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")
-        env.setenv("SPOTLIGHT_WORKER_STEP_DELAY_S", "0.1")  # a slow device: faults land mid-request
         with LocalRuntime(recipe) as rt:
             rt.call(rt.store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()}))
             rt.reference = sde_rollout(model, [PROMPT] * 4, SEEDS, recipe.sampler, (3, 16, 16))

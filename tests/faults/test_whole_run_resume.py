@@ -45,13 +45,14 @@ def iterations(metrics: Path) -> list[int]:
 
 def test_reserved_side_killed_and_resumed_spot_node_rejoins(tmp_path):
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SPOTLIGHT_WORKER_STEP_DELAY_S": "0.05"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     overrides = [*TINY_MODEL, "sampler.steps=4", "sampler.eval_steps=2", "run.group_size=4",
                  "explore.schedule=off", f"run.iterations={ITERATIONS}", "run.prompts_per_iteration=2",
                  "run.eval_every=1000", "run.eval_seeds=1", "run.eval_samples=1", "run.checkpoint_every=1",
                  f'run.out_dir="{tmp_path}"', 'run.name="resume"', "runtime.reserved_workers=1",
                  "runtime.lease_s=2", "runtime.heartbeat_s=0.5", "runtime.node_lost_s=3",
-                 "runtime.rpc_timeout_s=2", f"runtime.queue_lost_s={QUEUE_LOST_S}"]
+                 "runtime.rpc_timeout_s=2", f"runtime.queue_lost_s={QUEUE_LOST_S}",
+                 "runtime.step_delay_s=0.05"]
     reserved = [sys.executable, "-m", "spotlight.cli", "reserved", "tiny", *overrides, "--host", "127.0.0.1",
                 "--port", str(port), "--no-progress"]
     metrics = tmp_path / "resume" / "metrics.jsonl"

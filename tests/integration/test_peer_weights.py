@@ -86,11 +86,11 @@ async def progress(rt) -> list[m.WorkerProgress]:
 def test_each_version_crosses_to_the_node_once(tmp_path, peer_weights):
     torch.set_num_threads(1)
     recipe = load_recipe("tiny", [*TINY, f"runtime.peer_weights={str(peer_weights).lower()}",
+                                  "runtime.step_delay_s=0.05",  # requests overlap: all three workers pull
                                   f'run.out_dir="{tmp_path}"'])
     states = versions(recipe)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")
-        env.setenv("SPOTLIGHT_WORKER_STEP_DELAY_S", "0.05")  # requests overlap: all three workers pull
         with LocalRuntime(recipe) as rt:
             run_versions(rt, recipe, states)
             status = rt.call(progress(rt))

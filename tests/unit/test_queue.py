@@ -242,6 +242,26 @@ async def test_cancel_through_the_client() -> None:
     assert core.stats()["now_cancelled"] == 0  # forgotten
 
 
+async def test_wait_revoked_wakes_when_the_batch_is_cancelled_not_before(core: RequestQueueCore) -> None:
+    """The revocation a node agent long-polls while an exploration runs: it returns True at the
+    batch's cancel (not at a heartbeat), False after its wait while the lease stands, and True at
+    once for a lease that is already gone."""
+    client = QueueClient.local(core)
+    await client.submit([req("e", "explore", batch="x"), req("r", batch="y")])
+    r, e = await client.pull("w1"), await client.pull("w2")
+    assert await client.wait_revoked("e", e.attempt, 0.01) is False  # still its lease
+    watch = asyncio.ensure_future(client.wait_revoked("e", e.attempt, 5.0))
+    other = asyncio.ensure_future(client.wait_revoked("r", r.attempt, 0.2))
+    await asyncio.sleep(0)
+    await client.heartbeat("e", e.attempt, "w2")  # renewing is not revoking
+    await asyncio.sleep(0)
+    assert not watch.done()
+    await client.cancel_batch("x")
+    assert await asyncio.wait_for(watch, 1.0) is True
+    assert await other is False  # another batch's lease stands
+    assert await client.wait_revoked("e", e.attempt, 5.0) is True  # answered at once
+
+
 def test_forgotten_requests_leave_no_live_deadline(core: RequestQueueCore, clock: FakeClock) -> None:
     """Lease-heap entries outlive the requests they name; once an iteration is forgotten, its
     stale entries must be skipped when their old deadline passes (they once crashed the queue)."""

@@ -54,6 +54,8 @@ def test_the_leave_budget_is_shared_not_exceeded():
 @pytest.mark.parametrize("change, field", [
     ({"heartbeat_s": 30.0}, "runtime.heartbeat_s"), ({"rpc_timeout_s": 0}, "runtime.rpc_timeout_s"),
     ({"transport": "udp"}, "runtime.transport"), ({"spot_workers": -1}, "runtime.spot_workers"),
+    ({"step_delay_s": -0.1}, "runtime.step_delay_s"),
+    ({"lend_delay_s": float("nan")}, "runtime.lend_delay_s"),
 ])
 def test_bad_values_name_the_field(change, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

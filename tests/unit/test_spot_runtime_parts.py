@@ -191,22 +191,21 @@ def test_resume_without_a_checkpoint_is_one_line_and_starts_nothing(tmp_path, ca
 
 
 # --- a sealed trajectory is not computed again ----------------------------------------------------
-async def test_a_redelivered_request_already_sealed_is_returned_not_recomputed(tmp_path, monkeypatch):
+async def test_a_redelivered_request_already_sealed_is_returned_not_recomputed(tmp_path):
     import torch
     from tiny_recipe import TINY_MODEL
 
     from spotlight.actors.store.client import TensorStoreClient
-    from spotlight.actors.worker.core import STEP_LOG_ENV, WorkerCore
+    from spotlight.actors.worker.core import STEP_LOG, WorkerCore
     from spotlight.work import policy_model
 
-    monkeypatch.setenv(STEP_LOG_ENV, str(tmp_path / "steps.log"))
     recipe = load_recipe("tiny", [*TINY_MODEL, "run.group_size=2"])
     torch.manual_seed(0)
     model = policy_model(recipe)
     job = m.RolloutWork(prompt="two red circles", seeds=[5, 6], version=0)
     async with TensorStoreClient.local() as store:
         await store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()})
-        core = WorkerCore(recipe, store, model=model, worker_id="n/w0")
+        core = WorkerCore(recipe, store, model=model, worker_id="n/w0", log_dir=tmp_path)
         try:
             first = await core.run(m.LeaseGrant(request_id="r", attempt=1, deadline=0.0, lease_s=30.0,
                                                 batch="b", work=job))
@@ -217,5 +216,5 @@ async def test_a_redelivered_request_already_sealed_is_returned_not_recomputed(t
             core.close()
     assert again.key == first.key and again.rewards == first.rewards
     assert again.resumed_from == recipe.sampler.steps  # nothing computed again
-    log = StepLog(tmp_path / "steps.log").totals()
+    log = StepLog(tmp_path / STEP_LOG).totals()
     assert log["steps_computed"] == recipe.sampler.steps and log["steps_lost"] == 0

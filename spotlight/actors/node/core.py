@@ -60,6 +60,7 @@ from spotlight.comm.auth import cluster_client_keys
 from spotlight.comm.transport import RpcClient
 from spotlight.errors import (
     ActorTimeout,
+    Cancelled,
     ConfigError,
     NotFound,
     Preempted,
@@ -96,6 +97,9 @@ class AgentConfig:
     keys: str | None = None
     """CURVE folder: this node's node.key_secret and the reserved side's controller.key (used for
     the controller, the queue and the store)."""
+    log_dir: str | None = None
+    """Folder of this node's measurement logs: its workers append every denoising step they compute
+    to ``steps.log`` and every weights version they load to ``weights.log`` (None: not written)."""
     runtime: dict[str, Any] = field(default_factory=dict)
     """This node's own values of ``RuntimeConfig`` fields named in ``NODE_FIELDS``."""
 
@@ -159,7 +163,8 @@ class NodeAgent:
         self._session_end = asyncio.Event()  # set when the queue is found gone
         self._announced = False
         self._next: m.Registered | None = None  # a restarted run found by a heartbeat
-        self.stats = {"completed": 0, "failed": 0, "released": 0, "worker_deaths": 0, "stale": 0}
+        self.stats = {"completed": 0, "failed": 0, "released": 0, "worker_deaths": 0, "stale": 0,
+                      "cancelled": 0}
 
     # --- lifetime ------------------------------------------------------------------------------
     async def run(self, notice: asyncio.Event) -> None:
@@ -344,7 +349,8 @@ class NodeAgent:
 
     async def _start(self, h: WorkerHandle) -> None:
         rt = self.runtime
-        await h.start(self.store, self.recipe, rt.worker_start_s, rt.rpc_timeout_s, self.config.keys)
+        await h.start(self.store, self.recipe, rt.worker_start_s, rt.rpc_timeout_s, self.config.keys,
+                      self.config.log_dir)
 
     # --- the pull loop -------------------------------------------------------------------------
     async def _slot(self, h: WorkerHandle) -> None:
@@ -452,8 +458,10 @@ class NodeAgent:
                 run = tg.create_task(self._call_run(h, lease, peer))
                 died = tg.create_task(h.proc.wait())
                 beat = tg.create_task(self._heartbeats(h, lease))
+                revoked = tg.create_task(self.cancel_when_revoked(h, lease))
                 await asyncio.wait([run, died], return_when=asyncio.FIRST_COMPLETED)
                 beat.cancel()
+                revoked.cancel()
                 if not run.done():  # the worker process exited mid-request
                     run.cancel()
                     log.warning("%s died running %s; releasing its lease", h.worker_id, lease.request_id)
@@ -465,6 +473,9 @@ class NodeAgent:
                 completes.create_task(self._complete(h.worker_id, lease, value.result))
             elif outcome == "preempted":
                 await self._release(h.worker_id, lease)
+            elif outcome == "cancelled":  # its lease is gone already: nothing to tell the queue
+                self.stats["cancelled"] += 1
+                log.info("%s", value)
             else:
                 self.stats["failed"] += 1
                 log.warning("%s failed %s: %s", h.worker_id, lease.request_id, value)
@@ -500,6 +511,8 @@ class NodeAgent:
                                           timeout=self.runtime.request_timeout_s)
         except Preempted as e:
             return "preempted", e
+        except Cancelled as e:
+            return "cancelled", e
         except ActorTimeout as e:
             return "timeout", e
         except SpotlightError as e:
@@ -524,6 +537,28 @@ class NodeAgent:
             except ActorTimeout as e:  # a slow step or a slow queue: try again next beat
                 log.warning("heartbeat for %s: %s", lease.request_id, e)
                 await self._queue_silent(e)  # a busy node learns of a gone queue here, not by pulls
+
+    async def cancel_when_revoked(self, h: WorkerHandle, lease: m.LeaseGrant) -> None:
+        """While ``h`` runs an exploration ``lease``: long-poll the queue for the lease's revocation
+        (its batch cancelled at the exploration's deadline) and tell the worker to stop it
+        (``WorkerCancel``), so the worker is free for the next request after the step in flight
+        instead of computing a result the queue would refuse. Rollouts are not watched: a revoked
+        rollout lease is seen by its heartbeat and its work resumes from its commits. The caller
+        cancels this task when the run ends."""
+        q = self.queue
+        if not isinstance(lease.work, m.ExploreWork) or q is None:
+            return
+        while True:
+            try:
+                if await q.wait_revoked(lease.request_id, lease.attempt, self.runtime.pull_wait_s):
+                    break
+            except ActorTimeout as e:  # a slow queue: the heartbeats judge whether it is gone
+                log.info("revocation watch of %s: %s", lease.request_id, e)
+        try:
+            if h.rpc is not None:
+                await h.rpc.call(m.WorkerCancel(request_id=lease.request_id, attempt=lease.attempt))
+        except SpotlightError as e:  # dead or stuck: its watcher and the request timeout cover it
+            log.info("cancel to %s: %s", h.worker_id, e)
 
     async def _release(self, worker_id: str, lease: m.LeaseGrant) -> None:
         key = (lease.request_id, lease.attempt)

@@ -52,7 +52,15 @@ from typing import TYPE_CHECKING
 from spotlight.actors.node.groups import Finished, Form, GroupScheduler, Kill, Leave
 from spotlight.actors.worker.client import WorkerHandle
 from spotlight.comm import messages as m
-from spotlight.errors import ActorTimeout, GroupBroken, NotFound, Preempted, SpotlightError, StaleAttempt
+from spotlight.errors import (
+    ActorTimeout,
+    Cancelled,
+    GroupBroken,
+    NotFound,
+    Preempted,
+    SpotlightError,
+    StaleAttempt,
+)
 
 if TYPE_CHECKING:
     from spotlight.actors.node.core import NodeAgent
@@ -223,7 +231,9 @@ class GroupServer:
         async with asyncio.TaskGroup() as tg:
             run = tg.create_task(self._call(h, m.WorkerRun(lease=lease, group=group, peer=peer)))
             died = tg.create_task(proc.wait())
+            revoked = tg.create_task(self.agent.cancel_when_revoked(h, lease))  # explorations only
             await asyncio.wait([run, died], return_when=asyncio.FIRST_COMPLETED)
+            revoked.cancel()
             if not run.done():  # the process exited: the watcher turns it into `died`
                 run.cancel()
                 return
@@ -245,6 +255,14 @@ class GroupServer:
                 self.results[epoch] = value.result
             self._do(self.sched.done(h.worker_id, epoch))
             return
+        held = self.leases.get(lease.request_id)
+        if outcome == "cancelled":  # its lease was revoked: the queue dropped it already
+            self.agent.stats["cancelled"] += 1
+            log.info("%s", value)
+            if held is not None and held.attempt == lease.attempt:
+                self._drop(lease.request_id)
+            self._do(self.sched.released(h.worker_id, epoch))
+            return
         log.warning("%s left epoch %d of %s: %s: %s", h.worker_id, epoch, lease.request_id, outcome, value)
         req = self.sched.requests.get(lease.request_id)
         # A broken group (a dead or hung peer) or a stop regroups; the request's own failure, a
@@ -252,7 +270,6 @@ class GroupServer:
         # e.g. a step that raises every time) is failed on the queue, which retries it or
         # dead-letters it as it does any failing request.
         fail = outcome in ("error", "timeout") or (req is not None and req.attempts > self.rt.max_attempts)
-        held = self.leases.get(lease.request_id)
         fail = fail and held is not None and held.attempt == lease.attempt
         if fail:
             self._drop(lease.request_id)  # the group's other members are told to leave
@@ -278,6 +295,8 @@ class GroupServer:
             return "ok", await h.rpc.call(msg, timeout=self.rt.request_timeout_s)
         except (Preempted, GroupBroken) as e:
             return "left", e
+        except Cancelled as e:
+            return "cancelled", e
         except ActorTimeout as e:
             return "timeout", e
         except SpotlightError as e:

@@ -82,6 +82,13 @@ class QueueClient:
         """Cancel what of ``batch`` has not finished; the results that did arrive."""
         return await self._rpc(m.CancelBatch(batch=batch, forget=forget))
 
+    async def wait_revoked(self, request_id: str, attempt: int, max_wait_s: float) -> bool:
+        """True once lease ``attempt`` of ``request_id`` is no longer current (e.g. its batch was
+        cancelled); False if it still is after ``max_wait_s``."""
+        reply = await self._rpc(m.WaitRevoked(request_id=request_id, attempt=attempt, max_wait_s=max_wait_s),
+                                max_wait_s)
+        return reply.revoked
+
     async def release_node(self, node_id: str) -> list[str]:
         """Node ``node_id`` was declared lost: its workers' leases back to the queue now; their ids."""
         return (await self._rpc(m.ReleaseNode(node_id=node_id))).request_ids

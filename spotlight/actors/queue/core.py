@@ -87,6 +87,7 @@ class RequestQueueCore:
         self._open: dict[str, int] = {}
         self._batch_done: dict[str, asyncio.Event] = {}
         self._work = asyncio.Event()  # set (and replaced) when work is queued and pulls wait
+        self._revoked = asyncio.Event()  # set (and replaced) when a lease stops being current
         self._pullers_waiting = 0
         self.on_deadline: Callable[[float], None] | None = None  # the expiry timer's hook
         self.dead_letters: list[dict[str, Any]] = []
@@ -171,6 +172,23 @@ class RequestQueueCore:
         finally:
             self._pullers_waiting -= 1
         return grants
+
+    def holds(self, request_id: str, attempt: int) -> bool:
+        """Whether ``attempt`` is still the current lease of ``request_id``."""
+        rec = self._requests.get(request_id)
+        return rec is not None and rec.state == "leased" and rec.attempt == attempt
+
+    async def wait_revoked(self, request_id: str, attempt: int, max_wait_s: float) -> bool:
+        """True as soon as lease ``attempt`` of ``request_id`` is no longer current (cancelled with
+        its batch, expired, released, re-queued with a lost node, or forgotten); False if it still
+        is after ``max_wait_s`` (event loop time)."""
+        try:
+            async with asyncio.timeout(max_wait_s):
+                while self.holds(request_id, attempt):
+                    await self._revoked.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def heartbeat(
         self, request_id: str, attempt: int, worker_id: str, committed_step: int | None = None
@@ -308,6 +326,7 @@ class RequestQueueCore:
             raise ProtocolError(f"batch {batch} is not finished")
         for rid in self._batches.pop(batch):
             del self._requests[rid]
+        self._revoke()
         self._open.pop(batch, None)
         self._batch_done.pop(batch, None)
 
@@ -335,7 +354,14 @@ class RequestQueueCore:
         if self.on_deadline is not None:
             self.on_deadline(rec.deadline)
 
+    def _revoke(self) -> None:
+        """A lease stopped being current: wake every ``wait_revoked`` (each checks its own)."""
+        self._revoked.set()
+        self._revoked = asyncio.Event()
+
     def _enqueue(self, rec: _Request) -> None:
+        if rec.state == "leased":
+            self._revoke()
         rec.state, rec.worker_id = "queued", None
         heapq.heappush(self._ready[rec.kind], (rec.seq, rec.request_id))
         if self._pullers_waiting:  # wake every waiting pull; each retries and re-waits if beaten
@@ -364,6 +390,7 @@ class RequestQueueCore:
         return batch in self._batches and self._open.get(batch, 0) == 0
 
     def _finished(self, rec: _Request) -> None:
+        self._revoke()
         self._open[rec.batch] -= 1
         if self._open[rec.batch] == 0 and rec.batch in self._batch_done:
             self._batch_done[rec.batch].set()

@@ -72,6 +72,15 @@ def queue_handlers(core: RequestQueueCore) -> dict[type[m.Message], Callable[[An
             core.forget_batch(msg.batch)
         return done
 
+    def wait_revoked(msg: m.WaitRevoked) -> Any:
+        if not core.holds(msg.request_id, msg.attempt) or msg.max_wait_s <= 0:  # answered inline
+            return m.LeaseRevoked(revoked=not core.holds(msg.request_id, msg.attempt))
+
+        async def long_poll() -> m.Message:
+            revoked = await core.wait_revoked(msg.request_id, msg.attempt, msg.max_wait_s)
+            return m.LeaseRevoked(revoked=revoked)
+        return long_poll()
+
     def cancel_batch(msg: m.CancelBatch) -> m.BatchDone:
         done = core.cancel_batch(msg.batch)
         if msg.forget:
@@ -91,6 +100,7 @@ def queue_handlers(core: RequestQueueCore) -> dict[type[m.Message], Callable[[An
         m.CompleteMany: complete_many,
         m.Fail: lambda msg: core.fail(msg.request_id, msg.attempt, msg.worker_id, msg.error) or ok,
         m.WaitBatch: wait_batch,
+        m.WaitRevoked: lambda msg: wait_revoked(msg),
         m.ReleaseNode: lambda msg: m.Requeued(request_ids=core.release_node(msg.node_id)),
         m.QueueStats: lambda msg: m.QueueStatsReply(stats=core.stats(),
                                                     dead_letters=list(core.dead_letters)),

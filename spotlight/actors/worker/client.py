@@ -35,11 +35,12 @@ class WorkerHandle:
         return self.proc is not None and self.proc.returncode is None
 
     async def start(self, store: str, recipe: dict, timeout: float, rpc_timeout: float,
-                    keys: str | None = None) -> None:
+                    keys: str | None = None, log_dir: str | None = None) -> None:
         self.restarts += 1
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         args = ["--bind", self.endpoint, "--store", store, "--recipe-json", json.dumps(recipe),
-                "--worker-id", self.worker_id, *(["--keys", keys] if keys else [])]
+                "--worker-id", self.worker_id, *(["--keys", keys] if keys else []),
+                *(["--log-dir", log_dir] if log_dir else [])]
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "spotlight.actors.worker", *args, stdout=asyncio.subprocess.PIPE, env=env,
             start_new_session=True)  # a terminal's Ctrl-C reaches the agent only; it stops workers

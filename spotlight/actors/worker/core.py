@@ -58,6 +58,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -67,7 +68,7 @@ import torch
 from spotlight import work
 from spotlight.actors.store.client import TensorStoreClient
 from spotlight.actors.worker.peers import (
-    WEIGHTS_LOG_ENV,
+    WEIGHTS_LOG,
     Borrowed,
     PeerMappings,
     borrow,
@@ -77,7 +78,7 @@ from spotlight.actors.worker.peers import (
 from spotlight.actors.worker.sp import SpRank
 from spotlight.actors.worker.versions import WeightsVersions
 from spotlight.comm import messages as m
-from spotlight.errors import GroupBroken, NotFound, Preempted, ProtocolError, SpotlightError
+from spotlight.errors import Cancelled, GroupBroken, NotFound, Preempted, ProtocolError, SpotlightError
 from spotlight.parallel.device import resolve_device
 from spotlight.parallel.flat import host_staging
 from spotlight.recipe import Recipe
@@ -85,8 +86,15 @@ from spotlight.recipe import Recipe
 log = logging.getLogger(__name__)
 
 
-STEP_LOG_ENV = "SPOTLIGHT_STEP_LOG"
-"""Environment variable naming the file every computed denoising step is logged to (measurement)."""
+STEP_LOG = "steps.log"
+"""The file of the node's log folder every computed denoising step is logged to (measurement)."""
+
+
+def _append(log_dir: str | os.PathLike | None, name: str) -> int | None:
+    """An O_APPEND descriptor of ``log_dir/name`` (None without a log folder)."""
+    if log_dir is None:
+        return None
+    return os.open(os.path.join(log_dir, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
 
 def trajectory_key(request_id: str) -> str:
@@ -103,16 +111,13 @@ class WorkerCore:
         model=None,
         *,
         worker_id: str = "worker",
-        step_delay_s: float = 0.0,
-        lend_delay_s: float = 0.0,
-        borrow_delay_s: float = 0.0,
+        log_dir: str | os.PathLike | None = None,
     ) -> None:
         self.recipe, self.store, self.worker_id = recipe, store, worker_id
-        # Fault injection only (a slow device): lets tests land a kill between two steps.
-        self.step_delay_s = step_delay_s
-        self.step_commits = recipe.runtime.step_commits
-        path = os.environ.get(STEP_LOG_ENV)
-        self._step_log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
+        rt = recipe.runtime
+        self.step_delay_s = rt.step_delay_s  # a modelled slower device (benches, fault tests)
+        self.step_commits = rt.step_commits
+        self._step_log = _append(log_dir, STEP_LOG)
         if model is None:
             model = work.policy_model(recipe).to(resolve_device(recipe.run.device))
         self.model = model
@@ -122,7 +127,6 @@ class WorkerCore:
         # The model's parameters are views of one flat buffer per held version (a shared-memory
         # segment on the CPU: the store fills it in place, a neighbour copies it whole; one CUDA
         # tensor on a GPU, the store's bytes staged in host memory first).
-        rt = recipe.runtime
         self.versions = WeightsVersions(self.model, rt.worker_versions, rt.peer_weights_s)
         self._staging = None if self.device.type == "cpu" else host_staging(self.versions.buffers[0])
         self._maps = PeerMappings()  # this worker's mappings of its neighbours' buffers
@@ -132,14 +136,16 @@ class WorkerCore:
         self.weights_peer_copies, self.peer_bytes, self.peer_s = 0, 0, 0.0  # from a neighbour
         self._loading: int | None = None  # the version being loaded now
         self._loaded = asyncio.Event()  # set when that load ends (done or failed)
-        self.lend_delay_s = lend_delay_s
-        self.borrow_delay_s = borrow_delay_s  # fault injection: a borrower that holds a lent version
-        path = os.environ.get(WEIGHTS_LOG_ENV)
-        self._weights_log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
+        self.lend_delay_s, self.borrow_delay_s = rt.lend_delay_s, rt.borrow_delay_s  # a slow peer
+        self._weights_log = _append(log_dir, WEIGHTS_LOG)
         self.request_id: str | None = None
         self.attempt = 0
         self.committed_step: int | None = None
         self._stop = False
+        self._cancel = threading.Event()  # the running request's lease was revoked
+        self._explore_step = 0  # denoising steps the running exploration has finished
+        self._cancelled_after: int | None = None  # ... when its cancel arrived
+        self._revoked: tuple[str, int] | None = None  # the last lease revoked while not running
         self.sp = SpRank(self.model, recipe.runtime.sp_timeout_s, warm=recipe.runtime.sp_degree > 1)
         self._idle = asyncio.Event()
         self._idle.set()
@@ -215,7 +221,7 @@ class WorkerCore:
         this worker's own load of it when one is in progress, pinned until the neighbour returns it.
         ``NotFound`` when it holds neither."""
         log_line(self._weights_log, self.worker_id, version, "lend")
-        if self.lend_delay_s:  # fault injection (a slow lender): lets tests kill it mid-lend
+        if self.lend_delay_s:  # a modelled slow lender (runtime.lend_delay_s)
             await asyncio.sleep(self.lend_delay_s)
         while self._loading == version:
             await self._loaded.wait()
@@ -251,6 +257,15 @@ class WorkerCore:
             await self.store.flush()
         return self.progress()
 
+    def cancel(self, request_id: str, attempt: int) -> None:
+        """The lease of ``request_id`` (``attempt``) was revoked: if it is the running request, it
+        stops after the step in flight (an exploration; its ``run`` raises ``Cancelled``)."""
+        if self.request_id != request_id or self.attempt != attempt:
+            self._revoked = (request_id, attempt)  # arrived before its run began (or after it ended)
+        elif not self._cancel.is_set():
+            self._cancel.set()
+            self._cancelled_after = self._explore_step
+
     async def run(self, lease: m.LeaseGrant, group: m.SpGroup | None = None,
                   peer: m.WeightsPeer | None = None) -> m.WorkResult:
         """Run ``lease`` alone, or as one rank of the SP ``group`` (rollouts only); ``peer``: a
@@ -261,12 +276,16 @@ class WorkerCore:
             raise ProtocolError(f"worker busy with {self.request_id}; one request at a time")
         self._idle.clear()
         self.request_id, self.attempt, self.committed_step = lease.request_id, lease.attempt, None
+        self._cancel = threading.Event()
+        if self._revoked == (lease.request_id, lease.attempt):
+            self._cancel.set()
+            self._cancelled_after = 0
         t0 = time.perf_counter()
         try:
             await self.load_weights(lease.work.version, peer)
             await asyncio.sleep(0)  # neighbours waiting to borrow this version: lend before computing
             if isinstance(lease.work, m.ExploreWork):
-                result = await self._explore(lease.work)
+                result = await self._explore(lease)
             elif group is None or group.size == 1:
                 result = await self._rollout(lease, lease.work)
             else:
@@ -280,11 +299,30 @@ class WorkerCore:
             self.request_id = None
             self._idle.set()
 
-    async def _explore(self, job: m.ExploreWork) -> m.ExploreResult:
+    async def _explore(self, lease: m.LeaseGrant) -> m.ExploreResult:
+        """The exploration job, on a compute thread so the loop answers status, stop and cancel
+        meanwhile; between two denoising steps it stops for a revoked lease (``Cancelled``) or a
+        spot notice (``Preempted``), so the worker is free after at most the step in flight."""
+        job, cancel, delay, total = lease.work, self._cancel, self.step_delay_s, self.recipe.sampler.steps
+        self._explore_step = 0
+
+        def between_steps(k: int) -> None:
+            if delay:
+                time.sleep(delay)  # a modelled slower device: the step takes this much longer
+            self._explore_step = k
+            if cancel.is_set():
+                raise Cancelled(f"{lease.request_id}: exploration cancelled after step {k} of {total} "
+                                f"(the cancel arrived after step {self._cancelled_after})")
+            if self._stop:
+                raise Preempted(f"{lease.request_id}: exploration stopped after step {k} of {total}")
+
         t0 = time.perf_counter()
-        explored = work.explore(self.model, job, self.recipe.sampler, self.reward, self.shape)
-        if self.step_delay_s:  # fault injection (a slow device): a kill can land mid-exploration
-            await asyncio.sleep(self.step_delay_s)
+        try:
+            explored = await asyncio.to_thread(work.explore, self.model, job, self.recipe.sampler,
+                                               self.reward, self.shape, between_steps)
+        except Cancelled as e:
+            log.warning("%s", e)  # the measurement the explore-cancel test reads (the node's log)
+            raise
         return m.ExploreResult(
             rewards=[float(r) for r in explored.rewards],
             model_calls=explored.model_calls,

@@ -13,7 +13,8 @@ the network once, not once per worker.
   across versions, dropped when that lender dies), checks the generation did not move (a lender
   that reloaded after the pin expired), returns it. Every failure is an exception for the caller,
   which fetches from the store instead.
-- The weights log (``SPOTLIGHT_WEIGHTS_LOG``, set by the local runtime to ``<logs>/weights.log``):
+- The weights log (``<log dir>/weights.log``, the node agent's ``--log-dir``; the local runtime's
+  log folder):
   one line per version a worker loads, ``pid worker version how bytes seconds copy_seconds
   cpu_seconds end mapped [peer]`` with ``how`` in store | peer | kept (``seconds``: the whole
   load, a wait for the lender's own load included; ``copy_seconds``: the bytes moving;
@@ -46,8 +47,8 @@ from spotlight.comm.transport import RpcClient
 from spotlight.errors import ActorDead, ProtocolError
 from spotlight.parallel.flat import FlatWeights
 
-WEIGHTS_LOG_ENV = "SPOTLIGHT_WEIGHTS_LOG"
-"""Environment variable naming the file every weights load (and lend) is logged to (measurement)."""
+WEIGHTS_LOG = "weights.log"
+"""The file of the node's log folder every weights load (and lend) is logged to (measurement)."""
 
 
 def lent_message(version: int, token: str, buf: FlatWeights) -> m.WeightsLent:

@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import signal
 import sys
 from typing import Any
@@ -37,25 +36,28 @@ def worker_handlers(core: WorkerCore) -> dict[type[m.Message], Any]:
         core.sp.leave(msg.epoch)
         return m.Ok()
 
+    def cancel(msg: m.WorkerCancel) -> m.Ok:
+        core.cancel(msg.request_id, msg.attempt)
+        return m.Ok()
+
     def returned(msg: m.WeightsReturned) -> m.Ok:
         core.weights_returned(msg.token)
         return m.Ok()
 
     return {m.WorkerRun: run, m.WorkerStatus: lambda msg: core.progress(),
-            m.WorkerStop: lambda msg: core.stop(), m.WorkerLeave: leave,
+            m.WorkerStop: lambda msg: core.stop(), m.WorkerLeave: leave, m.WorkerCancel: cancel,
             m.LendWeights: lambda msg: core.lend_weights(msg.version), m.WeightsReturned: returned}
 
 
-async def serve(bind: str, store: str, recipe: Recipe, worker_id: str, step_delay_s: float = 0.0,
-                keys: str | None = None, lend_delay_s: float = 0.0, borrow_delay_s: float = 0.0) -> None:
+async def serve(bind: str, store: str, recipe: Recipe, worker_id: str, keys: str | None = None,
+                log_dir: str | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     curve = cluster_client_keys(keys) if keys else None
     async with TensorStoreClient.remote(store, timeout=recipe.runtime.store_timeout_s, curve=curve) as client:
-        core = WorkerCore(recipe, client, worker_id=worker_id, step_delay_s=step_delay_s,
-                          lend_delay_s=lend_delay_s, borrow_delay_s=borrow_delay_s)
+        core = WorkerCore(recipe, client, worker_id=worker_id, log_dir=log_dir)
         try:
             async with RpcServer(worker_handlers(core), bind=bind) as server:
                 announce_ready(f"ready {server.endpoint}")  # the agent waits for this line
@@ -77,17 +79,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--recipe-json", required=True, help="the run's recipe as JSON (Recipe.to_dict())")
     parser.add_argument("--worker-id", default="worker")
     parser.add_argument("--keys", default=None, help="the node's CURVE folder (for the tensor store)")
+    parser.add_argument("--log-dir", default=None,
+                        help="the node's log folder: steps.log and weights.log are appended to there")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     die_with_parent()
-    delay = float(os.environ.get("SPOTLIGHT_WORKER_STEP_DELAY_S", "0"))  # fault injection (tests)
-    lend_delay = float(os.environ.get("SPOTLIGHT_WORKER_LEND_DELAY_S", "0"))  # a slow lender (tests)
-    borrow_delay = float(os.environ.get("SPOTLIGHT_WORKER_BORROW_DELAY_S", "0"))  # a slow borrower (tests)
     torch.set_num_threads(1)  # one worker = one device; on CPU, one core's worth
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(name)s %(levelname)s %(message)s")
     try:
         asyncio.run(serve(args.bind, args.store, load_recipe(json.loads(args.recipe_json)), args.worker_id,
-                          delay, args.keys, lend_delay, borrow_delay))
+                          args.keys, args.log_dir))
     except ConfigError as e:  # e.g. kept versions that do not fit the device: the agent's one line
         print(f"error {e}", flush=True)
         print(f"worker: error: {e}", file=sys.stderr)
