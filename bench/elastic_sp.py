@@ -1,26 +1,39 @@
-"""Elastic sequence parallelism: regroup vs cold restart, peer weight copy vs memcpy, SP exactness.
+"""Elastic sequence parallelism as users run it (``runtime.sp_degree = 2``): does a group that loses
+a member regroup with a warm spare much faster than it could wait for a cold replacement, resume
+bit-identical, and fill in with weights copied from a peer instead of the store?
 
     .venv/bin/python bench/elastic_sp.py [--trials 3] [--skip-exactness]
 
-One invocation, side by side on this machine, with real processes:
-- **regroup**: a degree-2 group of persistent members runs a 6-step rollout; at step >= 2 one
-  member is SIGKILLed; the survivor is released from its collective, regroups with a warm spare at
-  a new epoch (no restart, no reload) and resumes from the last commit. Measured from the kill to
-  the first committed step of the resumed request; the final sample is checked bit-identical to
-  an uninterrupted degree-2 run. A new spare then joins by copying a survivor's weights (peer copy).
-- **cold restart**: the same, but the group restarts the way a non-elastic system does: every
-  member killed, two new processes started (Python + torch + diffusers imports, model build, weights
-  from the store file), new group init, resume. Same measurement, from the kill.
-- **peer copy**: bytes/s of a joiner filling its parameters from a peer's shared-memory segment,
-  against a warm memcpy (torch copy_) of the same bytes, for the tiny model (inside the member)
-  and for a 256 MiB synthetic model (in this process, preadv from the segment), median of 3.
-- **SP exactness**: max |SP − single-process| over the velocity, the trainer's log-prob, a
+One LocalRuntime (queue, store, controller, one node agent with three workers, runtime.sp_degree
+= 2: one group and a spare; a 6-step rollout of a 2-layer, 4-head DiT with 64 image tokens),
+rounds interleaved:
+- **regroup**: at step >= 2 the group's rank 0 (the worker that commits) is SIGKILLed; the agent
+  sees the death, the survivor comes out of its collective, the scheduler re-forms the request at
+  a new epoch with the spare (no restart, no reload), and the new group's rank 0 reads the newest
+  commit from the store and commits its first step.
+- **cold**: rank 0 and the spare are SIGKILLed together, so the survivor's group waits for a
+  restarted worker (process, imports, model build, weights), as a system that cannot regroup from
+  warm processes does.
+A slower device (``runtime.step_delay_s``) makes rank 0 wait after each commit, so at the kill
+rank 1 is waiting in the next step's collective, as a peer of a slower rank does. Measured from
+the kill to the new group's first step: the wall time its rank 0 stamps on the step's commit
+(``stepped_at`` in the commit's meta, which also names its group), and, second, to when the bench
+first sees that commit in the tensor store (polled every 20 ms). Every resumed trajectory is
+checked bit-identical to the uninterrupted one.
+- **weights**: from the run's weights log (``<logs>/weights.log``): every version a worker loaded
+  from the store and from a peer of its node (a group's second rank, a restarted member), GB/s,
+  against this machine's memcpy.
+- **SP exactness**: max |SP - single-process| over the velocity, the trainer's log-prob, a
   3-step rollout and the parameter gradients, for degrees 1, 2, 4 (gloo).
+Prints one table.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -33,165 +46,177 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from table import print_rows  # noqa: E402  (bench/table.py)
 
-from spotlight.actors.node.group_shell import GroupAgent  # noqa: E402
-from spotlight.comm.messages import RolloutWork  # noqa: E402
+from spotlight.actors.procs import descendants  # noqa: E402
+from spotlight.actors.runtime import LocalRuntime  # noqa: E402
+from spotlight.actors.worker.peers import read_weights_log  # noqa: E402
+from spotlight.comm import messages as m  # noqa: E402
+from spotlight.comm.transport import RpcClient  # noqa: E402
+from spotlight.parallel.peer import memcpy_gbps  # noqa: E402
+from spotlight.recipe import load_recipe  # noqa: E402
+from spotlight.work import policy_model  # noqa: E402
 
-MODEL = dict(checkpoint=None, layers=2, heads=4, head_dim=16, image_size=16, patch=2)
-SAMPLER = dict(steps=6, noise_level=0.7)
-STEPS = SAMPLER["steps"]
-JOB = RolloutWork(prompt="a red circle left of a blue square", seeds=[11, 12], version=0)
-
-
-def store_weights(path: Path) -> None:
-    from safetensors.torch import save_file
-
-    from spotlight.data.scenes import VOCABULARY
-    from spotlight.models.dit import ModelConfig, build_model
-
-    model = build_model(ModelConfig(**MODEL), VOCABULARY)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+OVERRIDES = ["model.checkpoint=none", "model.layers=2", "model.heads=4", "model.head_dim=16",
+             "model.image_size=16", "model.patch=2", "sampler.steps=6", "sampler.sde_steps=none",
+             'sampler.sde_type="flow"', "runtime.sp_degree=2", "runtime.reserved_workers=3",
+             "runtime.spot_workers=0", "runtime.heartbeat_s=0.5", "runtime.sp_timeout_s=2",
+             # Rank 0 waits this long after each commit (not before it: the first resumed commit
+             # is not delayed), so a kill lands between steps and the poll sees each commit.
+             "runtime.step_delay_s=0.3"]
+JOB = m.RolloutWork(prompt="a red circle", seeds=[11, 12], version=0)
 
 
-def same_bits(a: Path, b: Path) -> bool:
-    from safetensors.torch import load_file
-
-    ta, tb = load_file(str(a)), load_file(str(b))
-    return ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
-
-
-def interrupt(agent: GroupAgent, rid: str, cold: bool, spawn_names: list[str]) -> dict:
-    """Run `rid`, kill at step >= 2 (one member, or all for a cold restart), wait for the end."""
-    agent.submit(rid, JOB)
-    agent.run_until(lambda: agent.committed_step(rid) >= 2, 120)
-    epoch = agent.sched.requests[rid].epochs[0]
-    members = agent.sched.groups[epoch].members
-    victims = list(agent.procs_alive()) if cold else [members[-1]]
-    t_kill = time.monotonic()
-    for v in victims:
-        agent.kill(v)
-    for name in spawn_names:  # cold: the replacement processes start right after the kill
-        agent.spawn(name)
-    agent.run_until(lambda: rid in agent.finished, 180)
-    resumed = agent.sched.requests[rid].epochs[-1]
-    t_step = agent.first("committed", f"epoch={resumed} ", t_kill) or agent.first("committed", "", t_kill)
-    return {
-        "s": t_step - t_kill,
-        "died": (agent.first("died", victims[0], t_kill) or t_kill) - t_kill,
-        "released": (agent.first("released", f"epoch={epoch} ", t_kill) or t_kill) - t_kill,
-        "formed": agent.first("form", f"epoch={resumed} ", t_kill) - t_kill,
-        "exact": same_bits(agent.commit_file(rid, STEPS), agent.commit_file("ref", STEPS)),
-        "victims": victims,
-    }
+def workers(rt) -> dict[str, tuple[int, str]]:
+    """worker id -> (pid, ipc endpoint) of the agent's live workers."""
+    out = {}
+    for pid in descendants(rt.agents["reserved"].pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"--worker-id" in args:
+            arg = lambda flag: args[args.index(flag) + 1].decode()  # noqa: E731
+            out[arg(b"--worker-id")] = (pid, arg(b"--bind"))
+    return out
 
 
-def elastic(trials: int) -> tuple[list[dict], list[dict], list[dict]]:
-    regroups, colds, copies = [], [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        store_weights(Path(tmp) / "weights.safetensors")
-        spec = {"model": MODEL, "sampler": SAMPLER, "weights": str(Path(tmp) / "weights.safetensors"),
-                "timeout_s": 5.0}
-        with GroupAgent(2, spec, tmp, stall_s=30.0, release_s=5.0) as agent:
-            for h in agent.add_many(["m0", "m1", "m2"]):
-                copies.append({"from": "store", "bytes": h.weights_bytes, "s": h.weights_s})
-            agent.submit("ref", JOB)  # the uninterrupted degree-2 run every resume must equal
-            agent.run_until(lambda: "ref" in agent.finished, 120)
-            n = 3
-            for i in range(trials):
-                r = interrupt(agent, f"regroup{i}", cold=False, spawn_names=[])
-                regroups.append(r)
-                donor = next(iter(agent.procs_alive()))
-                peer = agent.lend_weights(donor)
-                h = agent.add(f"m{n}", peer=peer)  # the next spare joins by peer copy
-                n += 1
-                copies.append({"from": "peer", "bytes": h.weights_bytes, "s": h.weights_s})
-            for i in range(max(1, trials - 1)):
-                names = [f"m{n}", f"m{n + 1}"]  # a new group of degree 2
-                n += 2
-                colds.append(interrupt(agent, f"cold{i}", cold=True, spawn_names=names))
-                agent.run_until(lambda: all(x in agent.hello for x in names), 120)
-    return regroups, colds, copies
-
-
-def big_peer_copy(mib: int = 256) -> tuple[float, float]:
-    """(peer copy GB/s, memcpy GB/s) for a synthetic model of `mib` MiB, medians of 3."""
-    from spotlight.parallel.peer import copy_from_segment, share
-
-    class Big(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.w = torch.nn.ParameterList(
-                [torch.nn.Parameter(torch.randn(mib // 8, 1 << 18)) for _ in range(8)]
-            )
-
-    a, b = Big(), Big()
-    nbytes = sum(p.numel() * 4 for p in a.parameters())
-    seg, layout, _ = share(a)
-    src, dst = torch.ones(nbytes // 4), torch.zeros(nbytes // 4)
-    peer, mem = [], []
+async def answers(endpoint: str) -> bool:
     try:
-        for _ in range(3):
-            t0 = time.perf_counter()
-            copy_from_segment(b, seg.name, layout)
-            peer.append(nbytes / (time.perf_counter() - t0) / 1e9)
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            mem.append(nbytes / (time.perf_counter() - t0) / 1e9)
-        assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
-    finally:
-        seg.close()
-    return statistics.median(peer), statistics.median(mem)
+        async with RpcClient(endpoint, timeout=0.5) as c:
+            await c.call(m.WorkerStatus())
+        return True
+    except Exception:
+        return False
+
+
+def all_ready(rt, timeout: float = 300) -> dict[str, tuple[int, str]]:
+    """Three workers that answer (loaded; the agent has them in its pool)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        w = workers(rt)
+        if len(w) == 3 and all(rt.call(answers(e)) for _, e in w.values()):
+            return w
+        time.sleep(0.2)
+    raise RuntimeError("workers not ready")
+
+
+def logged(rt, rid: str, text: str) -> float | None:
+    """Wall time of the agent's first log line about ``rid`` containing ``text``."""
+    for line in (rt.log_dir / "agent-reserved.log").read_text().splitlines():
+        if f"of {rid}:" in line or f"{rid} resumes" in line:
+            if text in line:
+                stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                return stamp.timestamp()
+    return None
+
+
+def trial(rt, rid: str, cold: bool, reference: dict) -> dict[str, float]:
+    before = all_ready(rt)
+    rt.call(rt.queue.submit([m.WorkRequest(request_id=rid, batch=rid, work=JOB)]))
+    while (held := rt.call(rt.store.get_commit(rid))) is None or held[0] < 2:
+        time.sleep(0.002)
+    group = held[2]["group"]
+    victims = [group[0]] + ([w for w in before if w not in group] if cold else [])
+    t_kill, wall_kill = time.monotonic(), time.time()
+    for v in victims:
+        os.kill(before[v][0], signal.SIGKILL)
+    while (held := rt.call(rt.store.get_commit(rid))) is not None and held[2].get("group") == group:
+        if time.monotonic() - t_kill > 300:
+            raise RuntimeError(f"{rid}: no resumed commit")
+        time.sleep(0.02)
+    if held is None:  # sealed between two polls: the measurement missed the first resumed step
+        raise RuntimeError(f"{rid}: finished before its first resumed commit was seen; raise the step delay")
+    seen = time.monotonic() - t_kill
+    first = held[2]["stepped_at"] - wall_kill
+    (result,) = rt.call(rt.queue.wait_batch(rid, 300), timeout=320).results
+    if held[0] != result.resumed_from + 1:
+        raise RuntimeError(f"{rid}: the first resumed commit was overwritten before it was seen")
+    traj, _ = rt.call(rt.store.get(result.key))
+    same = all(torch.equal(torch.from_numpy(traj[k].copy()), reference[k]) for k in ("latents", "log_probs"))
+    if not same:
+        raise AssertionError(f"{rid}: resumed trajectory differs from the uninterrupted one")
+    released, formed = logged(rt, rid, "left epoch"), logged(rt, rid, "resumes on a new group")
+    return {"total": first, "seen": seen, "released": released - wall_kill if released else float("nan"),
+            "formed": formed - wall_kill if formed else float("nan")}
+
+
+def weights_rows(loads: list) -> list[tuple[str, str, str]]:
+    """Store fetches and peer copies of the run's weights loads (median GB/s of the bytes moved)."""
+    rows = []
+    for how in ("store", "peer"):
+        got = [e for e in loads if e.how == how and e.copy_s > 0]
+        if got:
+            gbps = statistics.median(e.nbytes / e.copy_s / 1e9 for e in got)
+            rows.append((f"weights from the {how} ({got[0].nbytes / 1e6:.2f} MB; median of {len(got)})",
+                         f"{gbps:.2f} GB/s", ""))
+    if loads:
+        mem = memcpy_gbps(loads[0].nbytes)
+        rows.append(("  memcpy of the same bytes (this machine)", f"{mem:.2f} GB/s", ""))
+    return rows
+
+
+def exactness_rows() -> list[tuple[str, str, str]]:
+    from spotlight.parallel.exactness import check
+
+    rows = []
+    for d in (1, 2, 4):
+        r = check(d, timeout_s=600)
+        worst = max(r[k] for k in ("velocity", "log_prob", "rollout", "rollout_log_probs"))
+        rows.append((f"SP exactness degree {d}: max |diff| forward+log-prob+rollout / grads",
+                     f"{worst:.1e} / {r['grads']:.1e}", f"grad scale {r['scale']['grads']:.2f}"))
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--out", default=None, help="keep the run's logs here (default: a temporary folder)")
     ap.add_argument("--skip-exactness", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rows = []
-    regroups, colds, copies = elastic(args.trials)
-    reg = statistics.median(r["s"] for r in regroups)
-    cold = statistics.median(c["s"] for c in colds)
-    rows.append(("regroup: kill -> first resumed step (median of %d)" % len(regroups), f"{reg:.3f} s",
-                 "goal <= 0.2 s"))
-    rows.append(("  kill -> death seen (pidfd) / survivor out of its collective",
-                 f"{statistics.median(r['died'] for r in regroups):.3f} / "
-                 f"{statistics.median(r['released'] for r in regroups):.3f} s",
-                 "the victim's exit (kernel teardown) under this load"))
-    rows.append(("  survivor released -> new group's first step committed",
-                 f"{statistics.median(r['s'] - r['released'] for r in regroups):.3f} s",
-                 "new gloo group + resume + one SP step"))
-    rows.append(("cold restart: kill -> first resumed step (median of %d)" % len(colds), f"{cold:.3f} s", ""))
-    rows.append(("cold restart / regroup", f"{cold / reg:.1f}x", "goal >= 50x"))
-    rows.append(("resumed sample bit-identical to uninterrupted degree 2",
-                 f"{sum(r['exact'] for r in regroups + colds)}/{len(regroups + colds)}", "must be all"))
-    peer = [c for c in copies if c["from"] == "peer"]
-    store = [c for c in copies if c["from"] == "store"]
-    tiny_peer = statistics.median(c["bytes"] / c["s"] / 1e9 for c in peer)
-    tiny_store = statistics.median(c["bytes"] / c["s"] / 1e9 for c in store)
-    rows.append((f"tiny model weights ({peer[0]['bytes'] / 1e6:.2f} MB): peer copy / store file load",
-                 f"{tiny_peer:.2f} / {tiny_store:.2f} GB/s", ""))
-    big, mem = big_peer_copy()
-    rows.append(("256 MiB weights: peer copy (preadv from the segment) / memcpy",
-                 f"{big:.2f} / {mem:.2f} GB/s",
-                 f"{100 * big / mem:.0f}% of memcpy (goal >= 50%)"))
-    if not args.skip_exactness:
-        from spotlight.parallel.exactness import check
-
-        for d in (1, 2, 4):
-            r = check(d, timeout_s=600)
-            worst = max(r[k] for k in ("velocity", "log_prob", "rollout", "rollout_log_probs"))
-            rows.append((f"SP exactness degree {d}: max |diff| forward+log-prob+rollout / grads",
-                         f"{worst:.1e} / {r['grads']:.1e}", f"grad scale {r['scale']['grads']:.2f}"))
-    import os
-
-    rows.append(("machine load average (1 min) at the end", f"{os.getloadavg()[0]:.1f}",
-                 f"{os.cpu_count()} cores, shared"))
-    print_rows(rows)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = args.out or tmp
+        recipe = load_recipe("tiny", [*OVERRIDES, f'run.out_dir="{out}"'])
+        torch.manual_seed(0)
+        model = policy_model(recipe)
+        with torch.no_grad():  # a fresh DiT zero-initialises its output layer: give it real weights
+            for p in model.parameters():
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(p.numel()))
+        with LocalRuntime(recipe) as rt:
+            rt.call(rt.store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()}))
+            all_ready(rt)
+            rt.call(rt.queue.submit([m.WorkRequest(request_id="ref", batch="ref", work=JOB)]))
+            (ref,) = rt.call(rt.queue.wait_batch("ref", 300), timeout=320).results
+            traj, _ = rt.call(rt.store.get(ref.key))
+            reference = {k: torch.from_numpy(traj[k].copy()) for k in ("latents", "log_probs")}
+            runs: dict[str, list[dict[str, float]]] = {"regroup": [], "cold": []}
+            for i in range(args.trials):
+                for kind in ("regroup", "cold"):
+                    t = trial(rt, f"{kind}{i}", kind == "cold", reference)
+                    runs[kind].append(t)
+                    print(f"  {kind} {i}: " + ", ".join(f"{k} {v:.3f} s" for k, v in t.items()), flush=True)
+            loads = [e for e in read_weights_log(rt.log_dir / "weights.log") if e.how in ("store", "peer")]
+    times = {kind: [t["total"] for t in r] for kind, r in runs.items()}
+    med = lambda kind, key: statistics.median(t[key] for t in runs[kind])  # noqa: E731
+    regroup, cold = statistics.median(times["regroup"]), statistics.median(times["cold"])
+    rows = [
+        ("regroup with a warm spare: kill -> new group's first step (median)", f"{regroup:.3f} s",
+         " ".join(f"{t:.3f}" for t in times["regroup"])),
+        ("  kill -> that commit seen in the store (20 ms poll)", f"{med('regroup', 'seen'):.3f} s",
+         " ".join(f"{t['seen']:.3f}" for t in runs["regroup"])),
+        ("  kill -> survivor out of its collective / new group formed (agent log, ms)",
+         f"{med('regroup', 'released'):.3f} / {med('regroup', 'formed'):.3f} s", ""),
+        ("cold replacement: kill -> new group's first step (median)", f"{cold:.3f} s",
+         " ".join(f"{t:.3f}" for t in times["cold"])),
+        ("cold / regroup", f"{cold / regroup:.1f}x", ""),
+        ("resumed trajectories bit-identical to the uninterrupted one",
+         f"{2 * args.trials}/{2 * args.trials}", ""),
+        *weights_rows(loads),
+        *([] if args.skip_exactness else exactness_rows()),
+        ("machine load average (1 min) at the end", f"{os.getloadavg()[0]:.1f}", f"{os.cpu_count()} cores"),
+    ]
+    print_rows(rows, ("measure", "value", "trials"))
 
 
 if __name__ == "__main__":

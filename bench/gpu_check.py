@@ -1,12 +1,11 @@
-"""Every GPU path of elastic SP, exercised once on a single- or multi-GPU machine (< 8 minutes).
+"""Do the GPU paths work on this machine? Every one exercised once (< 8 minutes).
 
-    .venv/bin/python bench/gpu_check.py            # or name sections: gpu_check.py ipc regroup
+    .venv/bin/python bench/gpu_check.py            # or name sections: gpu_check.py ipc sp
 
 Prints one table: the probes (CUDA, NCCL, cupy, xfuser), SP exactness under NCCL (degree = the
-largest of 1, 2, 4 the GPUs allow: NCCL needs one GPU per rank), a regroup of GPU members after a
-SIGKILL (kill -> first resumed step; degree 2 with 3+ GPUs, else degree 1 with a spare on the same
-GPU), CUDA IPC and peer-copy bandwidth against device memcpy, and a few rollout steps of the tiny
-model on the GPU against the CPU. A path that is missing is a row saying why, not a crash.
+largest of 1, 2, 4 the GPUs allow: NCCL needs one GPU per rank), CUDA IPC and peer-copy bandwidth
+against device memcpy, and a few rollout steps of the tiny model on the GPU against the CPU. A
+path that is missing is a row saying why, not a crash.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -112,34 +110,6 @@ def ipc_and_peer_copy() -> None:
         f"{100 * gbps / mem:.0f}% of memcpy, equal={torch.equal(dst.cpu(), t.cpu())}")
 
 
-def regroup() -> None:
-    import elastic_sp as b
-
-    from spotlight.actors.node.group_shell import GroupAgent
-
-    n = torch.cuda.device_count()
-    degree = 2 if n >= 3 else 1
-    with tempfile.TemporaryDirectory() as tmp:
-        b.store_weights(Path(tmp) / "weights.safetensors")
-        spec = {"model": b.MODEL, "sampler": b.SAMPLER, "weights": str(Path(tmp) / "weights.safetensors"),
-                "timeout_s": 10.0}
-        with GroupAgent(degree, spec, tmp) as agent:
-            names = [f"g{i}" for i in range(degree + 1)]
-            for i, name in enumerate(names):
-                agent.add(name, device=f"cuda:{i % n}", timeout_s=120)
-            agent.submit("ref", b.JOB)
-            agent.run_until(lambda: "ref" in agent.finished, 120)
-            r = b.interrupt(agent, "r0", cold=False, spawn_names=[])
-            what = "regroup" if degree > 1 else "re-form on the spare (1 GPU: NCCL needs a GPU per rank)"
-            row(f"{what}, degree {degree}: kill -> first resumed step", f"{r['s']:.3f} s",
-                f"bit-identical={r['exact']}")
-            peer = agent.lend_weights(agent.procs_alive()[0])
-            h = agent.add("joiner", peer=peer, device=f"cuda:{(degree + 1) % n}", timeout_s=120)
-            gbps = h.weights_bytes / h.weights_s / 1e9
-            row("joiner weights from a GPU peer (CUDA IPC)", f"{gbps:.2f} GB/s",
-                f"{h.weights_bytes / 1e6:.1f} MB, from={h.weights_from}")
-
-
 def rollout_on_gpu() -> None:
     from spotlight.data.scenes import VOCABULARY
     from spotlight.models.dit import ModelConfig, build_model
@@ -170,7 +140,7 @@ def main() -> None:
     else:
         only = set(sys.argv[1:])  # e.g. `gpu_check.py regroup`: those sections alone
         for name, fn in (("rollout", rollout_on_gpu), ("ipc", ipc_and_peer_copy),
-                         ("sp", sp_exactness), ("regroup", regroup)):
+                         ("sp", sp_exactness)):
             if not only or name in only:
                 section(name, fn)
     print_rows(ROWS, ("check", "result", "note"), leading_blank=True)

@@ -4,7 +4,8 @@ mid-request — the committing rank 0 or the other rank — has its group broken
 regroups at a new epoch without restarting (same process, same weights), the request resumes
 from its last store commit under the same lease, and the trajectory is bit-identical to the
 single-process rollout (degree 1: the SP forward is exact here, so degree 2 and degree 1 agree
-bit for bit). The dead worker is restarted and joins again. A member frozen mid-request (SIGSTOP):
+bit for bit). The group's second rank copies its weights from the first (peer copy, not the
+store). The dead worker is restarted and joins again. A member frozen mid-request (SIGSTOP):
 its peer keeps answering status while its collective waits, gives up after runtime.sp_timeout_s,
 the frozen member is killed after the release bound, and the request completes bit-identical
 without its lease expiring. A spot notice (SIGTERM) to a node
@@ -26,6 +27,7 @@ from polling import wait_for
 
 from spotlight.actors.procs import alive, descendants
 from spotlight.actors.runtime import LocalRuntime
+from spotlight.actors.worker.peers import read_weights_log
 from spotlight.comm import messages as m
 from spotlight.comm.transport import RpcClient
 from spotlight.policy.sampler import sde_rollout
@@ -151,9 +153,15 @@ def test_sp_group_runs_a_request_bit_identical_to_one_process(runtime):
     job = m.RolloutWork(prompt=PROMPT, seeds=SEEDS, version=0)
     rt.call(rt.queue.submit([m.WorkRequest(request_id="plain/0", batch="plain", work=job)]))
     (result,) = rt.call(rt.queue.wait_batch("plain", 90), timeout=120).results
-    traj, _ = rt.call(rt.store.get(result.key))
+    traj, meta = rt.call(rt.store.get(result.key))
     assert torch.equal(torch.from_numpy(traj["latents"].copy()), torch.stack(rt.reference.latents))
     assert result.resumed_from == 0 and len(result.rewards) == 4
+    # The group's weights crossed to its node once: rank 0 fetched version 0 from the store, the
+    # other rank copied it from rank 0 (the weights log of the run's log folder).
+    rank0, other = meta["group"]
+    loads = {e.worker: e for e in read_weights_log(rt.log_dir / "weights.log") if e.how in ("store", "peer")}
+    assert (loads[rank0].how, loads[other].how, loads[other].peer) == ("store", "peer", rank0)
+    assert loads[other].nbytes == loads[rank0].nbytes > 0
 
 
 @pytest.mark.parametrize("victim_rank", [1, 0], ids=["other-rank", "committing-rank"])

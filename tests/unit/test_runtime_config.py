@@ -17,8 +17,8 @@ import pytest
 
 from spotlight.actors.config import DEFAULTS, NODE_FIELDS, RuntimeConfig, ServeConfig
 from spotlight.actors.controller.service import BackgroundLoop
-from spotlight.actors.node.core import AgentConfig
 from spotlight.actors.node.service import build_parser as agent_parser
+from spotlight.actors.node.session import AgentConfig
 from spotlight.actors.options import add_options, field_docs, given, to_argv
 from spotlight.actors.queue.core import QueueConfig
 from spotlight.actors.store.core import TensorStoreConfig

@@ -1,16 +1,10 @@
 """The node agent's record of which worker holds which weights version (``WeightsHolders``): it
 mirrors ``WorkerCore.load_weights``'s keep rule, offers the oldest holder first, never the asker,
-and forgets a dead worker; and a peer's segment that does not match is refused before any byte of
-the borrower's weights is written."""
+and forgets a dead worker."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-
 from spotlight.actors.node.holders import WeightsHolders
-from spotlight.errors import ProtocolError
-from spotlight.parallel.peer import copy_into, share_arrays
 
 
 def test_oldest_holder_first_never_the_asker():
@@ -48,22 +42,3 @@ def test_a_dead_worker_holds_nothing():
     assert h.peers(5, exclude="w2") == ["w1"] and h.holds("w0") == set()
     h.handed("w0", 5)  # restarted, handed v5 again: now the newest holder
     assert h.peers(5, exclude="w2") == ["w1", "w0"]
-
-
-def test_copy_into_fills_the_arrays_and_refuses_a_mismatch_untouched():
-    src = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(5, dtype=np.float32)}
-    seg, layout, nbytes = share_arrays(src)
-    try:
-        dst = {k: np.zeros_like(v) for k, v in src.items()}
-        assert copy_into(dst, seg.name, layout) == sum(v.nbytes for v in src.values()) <= nbytes
-        assert all(np.array_equal(dst[k], src[k]) for k in src)
-        wrong = {"a": np.zeros((4, 3), dtype=np.float32), "b": np.zeros(5, dtype=np.float32)}
-        with pytest.raises(ProtocolError, match="peer weight a"):
-            copy_into(wrong, seg.name, layout)
-        assert not wrong["b"].any()  # checked before anything was written
-        with pytest.raises(ProtocolError, match="do not match"):
-            copy_into({"a": dst["a"]}, seg.name, layout)
-    finally:
-        seg.close()
-    with pytest.raises(ProtocolError, match="gone"):
-        copy_into(dst, seg.name, layout)

@@ -1,37 +1,38 @@
-"""The node agent: the per-node persistent scheduler that outlives its GPU workers.
+"""The node agent's core: the per-node persistent scheduler that outlives its GPU workers.
 
-- ``NodeAgent``: registers with the controller (whose reply names the queue, the tensor store,
-  the lease length and the recipe, so a spot node needs only ``--controller``), starts one worker
-  process per device (``python -m spotlight.actors.worker``, over ipc), and runs the node's pull
-  loop: one long-poll pull per idle worker, the lease handed to that worker, heartbeats (with the
-  worker's committed step) forwarded while it runs, the result completed on the queue. With
-  ``runtime.sp_degree`` = d > 1 the unit is a group of d workers instead of one worker
-  (``spotlight.actors.node.sp``: the same queue, leases, commits and notices).
-  A worker whose process exits mid-request has its lease released at once, so the request
-  resumes elsewhere from its last commit, and the worker is restarted.
-- Weights on the node: every lease goes to its worker with a hint (``WorkerRun.peer``), a worker
-  of this node that holds or is loading the lease's weights version (``WeightsHolders``, the
-  agent's record of what it handed to whom), so the worker copies it from that neighbour through
-  shared memory and the node fetches each version from the store once (``runtime.peer_weights``).
+The node folder has the actors' shape: this module is the logic (``NodeAgent``), ``service`` the
+process shell (``python -m spotlight.actors.node`` / ``spotlight agent``: signals, options,
+logging), and the agent's clients of others are ``spotlight.actors.queue.client`` and
+``spotlight.actors.worker.client`` (nothing calls an agent: it pulls). The state and lease
+operations it shares with its SP groups live below it in ``session``; the SP groups in ``sp``
+(scheduled by ``groups``); the weights bookkeeping in ``holders``. Imports go only downwards:
+core -> sp -> session -> holders.
+
+``NodeAgent`` promises:
+- Registration: it registers with the controller (whose reply names the queue, the tensor store
+  and the run's recipe, so a spot node needs only ``--controller``), starts one worker process per
+  device (over ipc) and serves the run epoch: one long-poll pull per idle worker (with
+  ``runtime.sp_degree`` = d > 1, per idle group of d workers, ``sp``), the lease handed to the
+  worker with a weights hint (``WorkerRun.peer``: a worker of this node holding the version, so the
+  node fetches each version from the store once), heartbeats carrying the committed step while it
+  runs, the result completed on the queue. An exploration whose lease is revoked (its batch
+  cancelled) is stopped on its worker after the step in flight.
+- A worker whose process exits mid-request has its lease released at once (the request resumes
+  elsewhere from its last commit) and is restarted; ``RESTART_TRIES`` failed restarts in a row end
+  the agent.
 - A spot notice (SIGTERM, or a polled metadata URL in the AWS ``spot/instance-action`` or GCP
-  ``instance/preempted`` form) makes the agent leave: every busy worker finishes its current step
-  and flushes its commit, every lease is released, workers are stopped, the agent exits — within
-  ``runtime.leave_s`` (``spotlight.actors.config``). SIGINT is the same clean exit.
-- Liveness: the agent beats to the controller every ``runtime.node_beat_s`` (``NodeBeat``); a
-  controller that declared it lost (silent past ``runtime.node_lost_s``: frozen, cut off) gets a
-  fresh registration. A pull that times out only means the queue is gone once the queue has been
-  silent ``runtime.queue_lost_s`` AND one more probe goes unanswered: an agent frozen by SIGSTOP
-  (or a long GC or swap stall) sees every timer fire at once on SIGCONT, and must not count its
-  own freeze as the queue's silence. A node whose queue is gone stops serving (its workers are
-  stopped) and keeps asking the controller for up to ``queue_lost_s``: a reserved side restarted
-  with ``--resume`` behind the same address (a new run epoch in ``Registered``) is served from
-  scratch; otherwise the node leaves (exit 2, one line).
-- ``main``: the process shell (``python -m spotlight.actors.node`` / ``spotlight agent``).
+  ``instance/preempted`` form) makes it leave within ``runtime.leave_s``: every busy worker
+  finishes its step and flushes its commit, every lease is released, workers stop, it deregisters.
+  SIGINT is the same clean exit.
+- Liveness: it beats to the controller every ``runtime.node_beat_s`` and registers again when the
+  controller declared it lost. The queue counts as gone only after ``runtime.queue_lost_s`` of
+  silence AND one more unanswered probe (a frozen agent's own freeze is not the queue's silence);
+  then it stops serving and waits up to ``queue_lost_s`` for a restarted reserved side (a new run
+  epoch) to serve from scratch, else leaves (exit 2, one line).
 
 Every task is owned by a TaskGroup, every remote await has a timeout, and workers die with the
-agent (PR_SET_PDEATHSIG) even if it is SIGKILLed.
-
-This module knows leases, processes and notices; it knows nothing of models or tensors.
+agent (PR_SET_PDEATHSIG) even if it is SIGKILLed. Knows leases, processes and notices; nothing of
+models or tensors.
 """
 
 from __future__ import annotations
@@ -41,17 +42,15 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import shutil
-import socket
 import tempfile
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
-from typing import Any
 
-from spotlight.actors.config import NODE_FIELDS, RuntimeConfig
+from spotlight.actors.config import RuntimeConfig
 from spotlight.actors.node.holders import WeightsHolders
+from spotlight.actors.node.session import GONE, RESTART_TRIES, AgentConfig, NodeSession
+from spotlight.actors.node.sp import GroupServer
 from spotlight.actors.procs import announce_ready
 from spotlight.actors.queue.client import QueueClient
 from spotlight.actors.worker.client import WorkerHandle
@@ -65,54 +64,9 @@ from spotlight.errors import (
     NotFound,
     Preempted,
     SpotlightError,
-    StaleAttempt,
 )
 
-# A message about a lease the queue no longer honours: another attempt owns the request
-# (StaleAttempt) or its iteration is finished and forgotten (NotFound). Counted, never fatal.
-GONE = (StaleAttempt, NotFound)
-RESTART_TRIES = 3
-"""A dead worker's restarts that may fail in a row (killed again while it loads) before the
-agent gives up on it and exits (a worker that can never start is a broken node)."""
-
 log = logging.getLogger(__name__)
-
-
-@dataclass(kw_only=True, slots=True)
-class AgentConfig:
-    """One node agent: where it joins, what it runs. Its timing knobs are the run's ``[runtime]``
-    (``RuntimeConfig``), which the controller sends at registration; ``runtime`` overrides the
-    ones a node may set for itself (``NODE_FIELDS``: timeouts, the leave budget, polls)."""
-
-    controller: str
-    """Controller endpoint (tcp://HOST:PORT or ipc://PATH)."""
-    workers: int = 1
-    """Worker processes to run (one per GPU; on CPU, as configured)."""
-    kind: str = "spot"
-    """'reserved' or 'spot' (reported to the controller)."""
-    node_id: str = ""
-    """This node's name in the run (default: hostname-pid)."""
-    metadata_url: str | None = None
-    """Spot-notice URL to poll (AWS .../spot/instance-action or GCP .../instance/preempted)."""
-    keys: str | None = None
-    """CURVE folder: this node's node.key_secret and the reserved side's controller.key (used for
-    the controller, the queue and the store)."""
-    log_dir: str | None = None
-    """Folder of this node's measurement logs: its workers append every denoising step they compute
-    to ``steps.log`` and every weights version they load to ``weights.log`` (None: not written)."""
-    runtime: dict[str, Any] = field(default_factory=dict)
-    """This node's own values of ``RuntimeConfig`` fields named in ``NODE_FIELDS``."""
-
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ConfigError(f"AgentConfig.workers must be >= 1, got {self.workers}")
-        if self.kind not in ("reserved", "spot"):
-            raise ConfigError(f"AgentConfig.kind must be 'reserved' or 'spot', got {self.kind!r}")
-        if unknown := set(self.runtime) - set(NODE_FIELDS):
-            raise ConfigError(f"AgentConfig.runtime: a node cannot set {sorted(unknown)}; "
-                              f"it may set {', '.join(NODE_FIELDS)}")
-        RuntimeConfig(**self.runtime)  # validated now, not at registration
-        self.node_id = self.node_id or f"{socket.gethostname()}-{os.getpid()}"
 
 
 def spot_notice(url: str, timeout: float) -> str | None:
@@ -139,32 +93,19 @@ def spot_notice(url: str, timeout: float) -> str | None:
     return None
 
 
-class NodeAgent:
+class NodeAgent(NodeSession):
     """Use as ``await NodeAgent(config).run(notice)``: serves until ``notice`` is set (or a
     metadata notice arrives), then leaves cleanly."""
 
     def __init__(self, config: AgentConfig) -> None:
-        self.config = config
-        self.runtime = RuntimeConfig(**config.runtime)
-        """The runtime knobs in force: the run's (from registration) with this node's overrides."""
-        self.leaving = asyncio.Event()
-        self.workers: list[WorkerHandle] = []
+        super().__init__(config)
         self.busy: dict[str, m.LeaseGrant] = {}  # worker_id -> the lease it runs
-        self.holders = WeightsHolders(self.runtime.worker_versions)  # who holds which version
-        self._released: set[tuple[str, int]] = set()
-        self.queue: QueueClient | None = None
-        self.lost: str | None = None
-        """Why the agent left on its own (the queue unreachable), or None."""
         self._notice: asyncio.Event | None = None  # run()'s: set to leave
-        self._last_contact = 0.0  # loop time of the queue's last answer
         self._notice_at: float | None = None  # loop time of the notice that made it leave
         self._ctl: RpcClient | None = None
         self._epoch = 0  # the reserved side's run epoch this node serves
-        self._session_end = asyncio.Event()  # set when the queue is found gone
         self._announced = False
         self._next: m.Registered | None = None  # a restarted run found by a heartbeat
-        self.stats = {"completed": 0, "failed": 0, "released": 0, "worker_deaths": 0, "stale": 0,
-                      "cancelled": 0}
 
     # --- lifetime ------------------------------------------------------------------------------
     async def run(self, notice: asyncio.Event) -> None:
@@ -231,7 +172,7 @@ class NodeAgent:
         self.recipe = {**reg.recipe, "runtime": dataclasses.asdict(self.runtime)}
         self.lost, self._session_end = None, asyncio.Event()
         self.leaving.clear()
-        self._last_contact = asyncio.get_running_loop().time()
+        self.last_contact = asyncio.get_running_loop().time()
         async with RpcClient(reg.queue, timeout=self.runtime.rpc_timeout_s, curve=curve) as qrpc:
             self.queue = QueueClient.remote(qrpc)
             self.workers = [WorkerHandle(i, c.node_id, sock_dir) for i in range(c.workers)]
@@ -281,20 +222,11 @@ class NodeAgent:
         self.lost += f"; the reserved side did not come back within {rt.queue_lost_s:.0f}s"
         return None
 
-    @property
-    def kinds(self) -> list[str]:
-        """The request kinds this node's workers pull (``runtime.explore_on``)."""
-        if self.config.kind == "reserved" and self.runtime.explore_on == "spot":
-            return ["rollout"]
-        return ["rollout", "explore"]
-
     async def _serve(self, notice: asyncio.Event) -> None:
         c = self.config
         groups = None
         async with asyncio.TaskGroup() as tg:
             if self.runtime.sp_degree > 1:  # the unit of work is a group of workers
-                from spotlight.actors.node.sp import GroupServer
-
                 groups = GroupServer(self)
                 slots = [tg.create_task(groups.serve(), name="sp groups")]
             else:
@@ -330,7 +262,7 @@ class NodeAgent:
                 log.warning("%s did not stop cleanly: %s", h.worker_id, e)
             lease = self.busy.get(h.worker_id)
             if lease is not None:
-                await self._release(h.worker_id, lease)
+                await self.release(h.worker_id, lease)
 
         async with asyncio.TaskGroup() as tg:
             for h in self.workers:
@@ -345,12 +277,7 @@ class NodeAgent:
     async def _start_all(self) -> None:
         async with asyncio.TaskGroup() as tg:
             for h in self.workers:
-                tg.create_task(self._start(h))
-
-    async def _start(self, h: WorkerHandle) -> None:
-        rt = self.runtime
-        await h.start(self.store, self.recipe, rt.worker_start_s, rt.rpc_timeout_s, self.config.keys,
-                      self.config.log_dir)
+                tg.create_task(self.start_worker(h))
 
     # --- the pull loop -------------------------------------------------------------------------
     async def _slot(self, h: WorkerHandle) -> None:
@@ -367,7 +294,7 @@ class NodeAgent:
                     log.warning("%s died (exit %s); restarting", h.worker_id,
                                 h.proc.returncode if h.proc else None)
                     try:
-                        await self._start(h)
+                        await self.start_worker(h)
                         failed_starts = 0
                     except SpotlightError as e:  # killed again while starting: the next turn retries
                         failed_starts += 1
@@ -378,39 +305,15 @@ class NodeAgent:
                 try:
                     lease = await q.pull(h.worker_id, self.kinds, max_wait_s=self.runtime.pull_wait_s)
                 except ActorTimeout as e:
-                    await self._queue_silent(e)
+                    await self.queue_silent(e)
                     continue
-                self._last_contact = asyncio.get_running_loop().time()
+                self.last_contact = asyncio.get_running_loop().time()
                 if lease is None:
                     continue
                 if self.leaving.is_set():
-                    await self._release(h.worker_id, lease)
+                    await self.release(h.worker_id, lease)
                     return
                 await self._run_lease(h, lease, completes)
-
-    async def _queue_silent(self, e: ActorTimeout) -> None:
-        """A pull timed out. Once the queue has been silent for ``queue_lost_s`` the reserved
-        side is gone (or cut off): leave cleanly instead of pulling forever. Before concluding,
-        ask the queue once more: after a freeze (SIGSTOP, a GC or swap stall) every timeout fires
-        at once and the silence measured is this process's own."""
-        loop = asyncio.get_running_loop()
-        log.warning("queue did not answer: %s", e)
-        if loop.time() - self._last_contact < self.runtime.queue_lost_s or self.lost is not None:
-            return
-        assert self.queue is not None
-        try:
-            await self.queue.stats()
-        except ActorTimeout:
-            pass
-        else:
-            log.warning("the queue answered after %.1f s without a reply (this agent was frozen or "
-                        "slow); staying", loop.time() - self._last_contact)
-            self._last_contact = loop.time()
-            return
-        now = loop.time()
-        if self.lost is None and not self.leaving.is_set():
-            self.lost = f"the request queue has not answered for {now - self._last_contact:.0f}s; node left"
-            self._session_end.set()
 
     async def _beat_controller(self) -> None:
         """Tell the controller this node is alive; register again if it declared the node lost."""
@@ -437,17 +340,6 @@ class NodeAgent:
             except ActorTimeout as e:  # a late reply (a busy controller); the beat itself arrived
                 log.info("node heartbeat: %s", e)
 
-    async def _complete(self, worker_id: str, lease: m.LeaseGrant, result: m.WorkResult) -> None:
-        assert self.queue is not None
-        try:
-            await self.queue.complete(lease.request_id, lease.attempt, worker_id, result)
-            self.stats["completed"] += 1
-        except GONE as e:  # fenced: another attempt owns it now, or it is long done
-            self.stats["stale"] += 1
-            log.info("%s", e)
-        except ActorTimeout as e:  # the lease expires and the request runs again: at-least-once
-            log.warning("complete of %s: %s", lease.request_id, e)
-
     async def _run_lease(self, h: WorkerHandle, lease: m.LeaseGrant, completes: asyncio.TaskGroup) -> None:
         q = self.queue
         assert q is not None and h.rpc is not None and h.proc is not None
@@ -465,14 +357,14 @@ class NodeAgent:
                 if not run.done():  # the worker process exited mid-request
                     run.cancel()
                     log.warning("%s died running %s; releasing its lease", h.worker_id, lease.request_id)
-                    await self._release(h.worker_id, lease)
+                    await self.release(h.worker_id, lease)
                     return
                 died.cancel()
             outcome, value = run.result()
             if outcome == "ok":
-                completes.create_task(self._complete(h.worker_id, lease, value.result))
+                completes.create_task(self.complete(h.worker_id, lease, value.result))
             elif outcome == "preempted":
-                await self._release(h.worker_id, lease)
+                await self.release(h.worker_id, lease)
             elif outcome == "cancelled":  # its lease is gone already: nothing to tell the queue
                 self.stats["cancelled"] += 1
                 log.info("%s", value)
@@ -489,20 +381,6 @@ class NodeAgent:
                     await h.kill()  # hung: the slot restarts it
         finally:
             self.busy.pop(h.worker_id, None)
-
-    def weights_peer(self, h: WorkerHandle, version: int) -> m.WeightsPeer | None:
-        """The live worker of this node that ``h`` should copy weights ``version`` from (None: the
-        store), and ``h`` recorded as holding it from now on (``WeightsHolders``)."""
-        peer = None
-        if self.runtime.peer_weights:
-            handles = {w.worker_id: w for w in self.workers}
-            for wid in self.holders.peers(version, exclude=h.worker_id):
-                p = handles.get(wid)
-                if p is not None and p.alive and p.proc is not None:
-                    peer = m.WeightsPeer(worker=wid, endpoint=p.endpoint, pid=p.proc.pid)
-                    break
-        self.holders.handed(h.worker_id, version)
-        return peer
 
     async def _call_run(self, h: WorkerHandle, lease: m.LeaseGrant, peer: m.WeightsPeer | None = None):
         """The worker's answer as (outcome, value), so a failure is data for the slot to act on."""
@@ -529,48 +407,14 @@ class NodeAgent:
                 step = None
             try:
                 await q.heartbeat(lease.request_id, lease.attempt, h.worker_id, step)
-                self._last_contact = asyncio.get_running_loop().time()
+                self.last_contact = asyncio.get_running_loop().time()
             except GONE as e:
                 self.stats["stale"] += 1
                 log.info("heartbeat fenced: %s", e)
                 return
             except ActorTimeout as e:  # a slow step or a slow queue: try again next beat
                 log.warning("heartbeat for %s: %s", lease.request_id, e)
-                await self._queue_silent(e)  # a busy node learns of a gone queue here, not by pulls
-
-    async def cancel_when_revoked(self, h: WorkerHandle, lease: m.LeaseGrant) -> None:
-        """While ``h`` runs an exploration ``lease``: long-poll the queue for the lease's revocation
-        (its batch cancelled at the exploration's deadline) and tell the worker to stop it
-        (``WorkerCancel``), so the worker is free for the next request after the step in flight
-        instead of computing a result the queue would refuse. Rollouts are not watched: a revoked
-        rollout lease is seen by its heartbeat and its work resumes from its commits. The caller
-        cancels this task when the run ends."""
-        q = self.queue
-        if not isinstance(lease.work, m.ExploreWork) or q is None:
-            return
-        while True:
-            try:
-                if await q.wait_revoked(lease.request_id, lease.attempt, self.runtime.pull_wait_s):
-                    break
-            except ActorTimeout as e:  # a slow queue: the heartbeats judge whether it is gone
-                log.info("revocation watch of %s: %s", lease.request_id, e)
-        try:
-            if h.rpc is not None:
-                await h.rpc.call(m.WorkerCancel(request_id=lease.request_id, attempt=lease.attempt))
-        except SpotlightError as e:  # dead or stuck: its watcher and the request timeout cover it
-            log.info("cancel to %s: %s", h.worker_id, e)
-
-    async def _release(self, worker_id: str, lease: m.LeaseGrant) -> None:
-        key = (lease.request_id, lease.attempt)
-        if key in self._released:
-            return
-        self._released.add(key)
-        assert self.queue is not None
-        try:
-            await self.queue.release(lease.request_id, lease.attempt, worker_id)
-            self.stats["released"] += 1
-        except (*GONE, ActorTimeout) as e:  # expired meanwhile: the queue re-queued it
-            log.info("release of %s: %s", lease.request_id, e)
+                await self.queue_silent(e)  # a busy node learns of a gone queue here, not by pulls
 
     async def _watch_metadata(self, notice: asyncio.Event) -> None:
         c, rt = self.config, self.runtime

@@ -1,7 +1,7 @@
 """The node agent's SP group scheduler: which workers form which group, and what happens when a
 member dies. A plain class with an injectable clock, driven by events and answering commands, so
-it is tested with fake workers (tests/unit/test_group_scheduler.py); `group_shell` runs it with
-real processes.
+it is tested with fake workers (tests/unit/test_group_scheduler.py); ``spotlight.actors.node.sp``
+runs it with the node's worker processes.
 
 Model. Workers join the pool idle. Whenever `degree` workers are idle and a request is pending,
 they form a group at a fresh **epoch** (a global counter: the communicator of epoch e is never

@@ -10,7 +10,8 @@ import signal
 import sys
 
 from spotlight.actors.config import NODE_FIELDS, RuntimeConfig
-from spotlight.actors.node.core import AgentConfig, NodeAgent
+from spotlight.actors.node.core import NodeAgent
+from spotlight.actors.node.session import AgentConfig
 from spotlight.actors.options import add_options, given
 from spotlight.actors.procs import die_with_parent
 from spotlight.errors import (

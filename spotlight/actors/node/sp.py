@@ -1,6 +1,7 @@
 """The node agent's pull loop when its unit of work is a sequence-parallel group
-(``runtime.sp_degree`` = d > 1): ``GroupServer`` runs inside ``NodeAgent`` in place of its
-one-slot-per-worker loop, with the same queue, leases, store commits and notices.
+(``runtime.sp_degree`` = d > 1): ``GroupServer`` runs inside the agent in place of its
+one-slot-per-worker loop, with the same queue, leases, store commits and notices. It is handed the
+agent's ``NodeSession`` (``spotlight.actors.node.session``) and imports nothing above it.
 
 Decisions are the ``GroupScheduler``'s (``spotlight.actors.node.groups``, tested with fake
 workers); this module carries them out with the node's real worker processes:
@@ -14,8 +15,8 @@ workers); this module carries them out with the node's real worker processes:
   hosted here, on ``port``) and runs the single worker's rollout with its DiT parallelized; rank 0
   commits every step to the tensor store exactly as a lone worker does, seals the trajectory and
   scores it, and its result is what the server completes on the queue. Exploration jobs run on
-  rank 0 alone (the group's other members are freed at once).
-- Every member is handed the lease with the agent's weights hint (``NodeAgent.weights_peer``):
+  rank 0 alone (the group's other members are freed at once) and stop when their lease is revoked.
+- Every member is handed the lease with the agent's weights hint (``NodeSession.weights_peer``):
   the d members of a group load a new version from the store once per node, not d times.
 - One heartbeat per lease, carrying rank 0's committed step (which also feeds the scheduler's
   stall detection: a group that commits nothing for ``runtime.sp_stall_s`` is broken).
@@ -34,10 +35,8 @@ workers); this module carries them out with the node's real worker processes:
 - A spot notice: every busy member stops at a step boundary (rank 0's commits flushed), every
   lease held (running or waiting for a group) is released.
 
-Why workers and not the standalone members of ``group_shell``/``member``: the worker already
-loads weights versions from the store, commits, resumes, seals and scores; running it as one rank
-keeps one rollout code path (``WorkerCore._rollout``) for d = 1 and d > 1, and therefore one commit
-protocol. The standalone shell stays the benchmark's harness for regroup timing.
+Every rank is a runtime worker running the single worker's rollout (``WorkerCore``), so d = 1
+and d > 1 share one rollout code path and one commit protocol.
 
 Knows leases, workers and the scheduler's commands; nothing of models or tensors.
 """
@@ -47,32 +46,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import TYPE_CHECKING
 
 from spotlight.actors.node.groups import Finished, Form, GroupScheduler, Kill, Leave
+from spotlight.actors.node.session import GONE, RESTART_TRIES, NodeSession
 from spotlight.actors.worker.client import WorkerHandle
 from spotlight.comm import messages as m
 from spotlight.errors import (
     ActorTimeout,
     Cancelled,
     GroupBroken,
-    NotFound,
     Preempted,
     SpotlightError,
-    StaleAttempt,
 )
 
-if TYPE_CHECKING:
-    from spotlight.actors.node.core import NodeAgent
-
-GONE = (StaleAttempt, NotFound)
 log = logging.getLogger(__name__)
 
 
 class GroupServer:
     """Serves the agent's session with SP groups of ``runtime.sp_degree`` of its workers."""
 
-    def __init__(self, agent: NodeAgent) -> None:
+    def __init__(self, agent: NodeSession) -> None:
         from spotlight.parallel.comms import host_store
 
         rt = agent.runtime
@@ -125,7 +118,7 @@ class GroupServer:
                 tg.create_task(stop_one(self.handles[mid]))
         async with asyncio.TaskGroup() as tg:
             for lease in list(self.leases.values()):
-                tg.create_task(self.agent._release(self.pull_id, lease))
+                tg.create_task(self.agent.release(self.pull_id, lease))
 
     # --- the pull loop -----------------------------------------------------------------------------
     async def _pull_loop(self) -> None:
@@ -143,13 +136,13 @@ class GroupServer:
                 try:
                     lease = await q.pull(self.pull_id, agent.kinds, max_wait_s=self.rt.pull_wait_s)
                 except ActorTimeout as e:
-                    await agent._queue_silent(e)
+                    await agent.queue_silent(e)
                     continue
-                agent._last_contact = asyncio.get_running_loop().time()
+                agent.last_contact = asyncio.get_running_loop().time()
                 if lease is None:
                     continue
                 if agent.leaving.is_set():
-                    await agent._release(self.pull_id, lease)
+                    await agent.release(self.pull_id, lease)
                     return
                 self._take(lease)
         finally:
@@ -187,7 +180,7 @@ class GroupServer:
                 result, lease = self.results.pop(c.epoch, None), self.leases.get(c.request_id)
                 self._drop(c.request_id)
                 if result is not None and lease is not None:
-                    self._tg.create_task(self.agent._complete(self.pull_id, lease, result))
+                    self._tg.create_task(self.agent.complete(self.pull_id, lease, result))
         self.resuming &= self.sched.groups.keys()  # broken or finished: no first commit to wait for
         if (self.resuming or self.sched.pending) and not self.sched.shortfall():
             self.restart_now.clear()  # a regroup is under way without the dead member
@@ -250,7 +243,7 @@ class GroupServer:
                 # result stands; the regroup it triggered is called off.
                 self._drop(lease.request_id)
                 assert self._tg is not None
-                self._tg.create_task(self.agent._complete(self.pull_id, lease, value.result))
+                self._tg.create_task(self.agent.complete(self.pull_id, lease, value.result))
             elif first:
                 self.results[epoch] = value.result
             self._do(self.sched.done(h.worker_id, epoch))
@@ -312,8 +305,6 @@ class GroupServer:
     # --- members come and go -----------------------------------------------------------------------
     async def _watch(self, h: WorkerHandle) -> None:
         """A member's process exit is a scheduler event; the agent restarts it (it joins again)."""
-        from spotlight.actors.node.core import RESTART_TRIES
-
         agent, failed_starts = self.agent, 0
         while True:
             assert h.proc is not None
@@ -334,7 +325,7 @@ class GroupServer:
                     return
                 log.warning("%s restarting %s", h.worker_id, why)
             try:
-                await agent._start(h)
+                await agent.start_worker(h)
             except SpotlightError as e:  # killed again while starting: retried, as the slots do
                 failed_starts += 1
                 if failed_starts >= RESTART_TRIES:
@@ -384,7 +375,7 @@ class GroupServer:
             step = await self._committed(rid)
             try:
                 await q.heartbeat(rid, lease.attempt, self.pull_id, step)
-                self.agent._last_contact = asyncio.get_running_loop().time()
+                self.agent.last_contact = asyncio.get_running_loop().time()
             except GONE as e:  # another attempt owns it: stop computing it
                 self.agent.stats["stale"] += 1
                 log.info("heartbeat fenced: %s", e)
@@ -392,7 +383,7 @@ class GroupServer:
                 return
             except ActorTimeout as e:
                 log.warning("heartbeat for %s: %s", rid, e)
-                await self.agent._queue_silent(e)
+                await self.agent.queue_silent(e)
 
     async def _committed(self, rid: str) -> int | None:
         """Rank 0's committed step (asked now) when a group runs ``rid``; else the last known."""

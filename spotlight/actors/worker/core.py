@@ -1,55 +1,51 @@
 """The GPU worker's core: holds the policy at one weights version and runs leased requests on it.
 
-``WorkerCore`` runs a job with the functions every path shares (``spotlight.work``). A rollout job
-(prompt, seeds, weights version) runs a step at a time (``work.Rollout``); after EVERY step the
-state (latents so far [k+1, G, C, H, W], log-probs so far [k, G], step, seeds, version) is handed
-to the store client's ``commit_nowait``; the step then yields once to the event loop so the
-flusher hands the state to ZeroMQ, whose I/O thread transmits it while the next step computes.
-(The math runs on the loop's thread: a separate compute thread fought the loop for the GIL and cost
-6-10 ms per rollout request on the tiny model.) An attempt's first commit carries the whole state,
-every later one only the new step's latent and log-prob, appended in the store (O(K) bytes per
-request, not O(K²)). Status and stop messages are answered between steps. A re-delivered request
-(attempt > 1, or a reported committed step) resumes from the store's newest commit; the sampler's
-counter-based noise makes the result bit-identical to an uninterrupted run. At the end it scores
-the sample and seals the final commit as the trajectory under ``traj/<request_id>``: latents
-[K+1, G, C, H, W] and log_probs [K, G] (step-major, as committed) plus rewards [G]; the result
-(``RolloutResult``) names that key. An exploration job is ``work.explore``; its rewards travel in
-the ``ExploreResult``.
+Owns the worker's model, its weights buffers (one per held version), the running request's
+progress and the two measurement logs of its node's log folder. Knows the work (``spotlight.work``,
+the functions every path shares), the model and the store; knows nothing of queues or leases
+beyond the ``LeaseGrant`` it is handed. The process shell is ``spotlight.actors.worker.service``.
 
-In a sequence-parallel group (``WorkerRun.group``, ``runtime.sp_degree`` > 1) the same
-``_rollout`` runs on every rank with the DiT parallelized over the group's communicator
+Rollouts. A rollout job (prompt, seeds, weights version) runs a step at a time
+(``work.Rollout``), on the loop's thread. After EVERY step the state is handed to the store
+client's ``commit_nowait`` (an attempt's first commit carries the whole state — latents so far
+[k+1, G, C, H, W], log-probs so far [k, G] — every later one only the new step's latent and
+log-prob, appended in the store), then the step yields once to the event loop, so the commit is
+transmitted while the next step computes and status and stop messages are answered between steps.
+A re-delivered request (attempt > 1, or a reported committed step) resumes from the store's newest
+commit made with the same weights and seeds; the sampler's counter-based noise makes the result
+bit-identical to an uninterrupted run. At the end it scores the sample and seals the final commit
+as the trajectory under ``traj/<request_id>`` (latents [K+1, G, C, H, W], log_probs [K, G], rewards
+[G]); the ``RolloutResult`` names that key. With ``runtime.step_commits = false`` (the naive_spot
+baseline) only the last step is committed, so a preempted request starts over elsewhere.
+
+In a sequence-parallel group (``WorkerRun.group``, ``runtime.sp_degree`` > 1) the same rollout runs
+on every rank with the DiT parallelized over the group's communicator
 (``spotlight.actors.worker.sp``): every rank resumes from the store's newest commit, computes its
-share of each step, and only rank 0 commits, logs the step, scores and seals — the commit protocol
-is the single worker's, so a request a group started may resume on a single worker or another
-group (bit-identical where the SP forward is; ``docs/BENCHMARKS.md``, issue 10). Exploration jobs
-run alone (the first-block cache decides from rank-local activations, which would split a group).
+share of each step, and only rank 0 commits, logs the step, scores and seals, so a request a group
+started may resume on a single worker or another group. The ranks agree at every step boundary
+whether to stop; a failed collective is ``GroupBroken``.
 
-Without step commits (``runtime.step_commits = false``, the naive_spot baseline) only the last
-step is committed (and sealed), so a preempted request starts over from step 0 elsewhere.
+Explorations. An exploration job (``work.explore``) runs alone, on a compute thread, with a check
+between denoising steps: a revoked lease (``cancel``, from the node agent) ends it with
+``Cancelled`` and a spot notice with ``Preempted``, each after at most the step in flight; its
+rewards travel in the ``ExploreResult``.
 
-Measurement: with ``SPOTLIGHT_STEP_LOG`` set (the runtime sets it to a file in its log folder),
-every denoising step computed appends one line ``request_id attempt step`` to that file (one
-O_APPEND write, so concurrent workers never interleave within a line and a SIGKILL loses at
-most the step in flight); ``spotlight.spot.accounting`` reads it to count resumed requests and
-steps lost.
+Weights. A job names its version; the worker loads it before the first step and never changes
+weights inside a request. Parameters are views of one flat buffer per held version
+(``WeightsVersions``, ``spotlight.parallel.flat``); besides the current one it keeps the
+``runtime.worker_versions`` newest it held before, so alternating between a rollout at v_{i+1}
+and an exploration at v_i rebinds the parameters instead of fetching. A version it does not hold
+is copied from the worker of its node the agent names (``WorkerRun.peer``,
+``spotlight.actors.worker.peers``), else fetched from the store; it lends what it holds in turn
+(``lend_weights``, pinned until returned or ``runtime.peer_weights_s``). ``WorkerProgress``
+carries the counters.
 
-Weights: a job names its version; the worker loads that version before the first step and never
-changes weights inside a request. Its parameters are views of one flat buffer per held version
-(``WeightsVersions``, ``spotlight.parallel.flat``: a shared-memory segment on the CPU, one CUDA
-tensor on a GPU); besides the current one it holds the ``runtime.worker_versions`` newest it held
-before (when > 1), so alternating between a rollout at v_{i+1} and an exploration at v_i (the
-overlap schedule) rebinds the parameters instead of fetching from the store (``weights_fetches`` /
-``weights_switches`` count each). A version it does not hold is copied from a worker of the same
-node when the node agent names one (``WorkerRun.peer``, ``spotlight.actors.worker.peers``: one
-copy of the whole buffer), so a node fetches each version from the store once; a peer that is
-dead, slow or no longer holds it costs one log line and a store fetch. It lends in turn
-(``lend_weights``: the live buffer of any version it holds, after its own load of that version
-ends; pinned, so it is not reloaded until the borrower returns it or ``runtime.peer_weights_s``).
-``weights_peer_copies``, ``peer_bytes`` and ``peer_s`` count the copies; ``WorkerProgress``
-carries every counter, and the weights log (``SPOTLIGHT_WEIGHTS_LOG``) one line per load.
-
-The process shell is ``spotlight.actors.worker.service``. This module knows the work, the model
-and the store; it knows nothing of queues or leases beyond the LeaseGrant it is handed.
+Measurement logs (when the agent gives a log folder): ``steps.log``, one line ``request_id attempt
+step`` per rollout step computed by a committing rank (one O_APPEND write: concurrent workers never
+interleave within a line, a SIGKILL loses at most the step in flight; read by
+``spotlight.spot.accounting``); ``weights.log``, one line per weights load or lend
+(``spotlight.actors.worker.peers.read_weights_log``). ``runtime.step_delay_s`` (and the lend and
+borrow delays) model a slower device in benches and fault tests.
 """
 
 from __future__ import annotations
@@ -377,7 +373,7 @@ class WorkerCore:
                 rows = {"latents": state.latents[-1][None].cpu(),
                         "log_probs": state.log_probs[-1][None].cpu()}
             # The step's wall time rides in the commit's meta (when a resumed request's first step
-            # was done, read without polling the store; bench/sp_runtime.py).
+            # was done, read without polling the store; bench/elastic_sp.py).
             self.store.commit_nowait(rid, state.step, rows, {**meta, "stepped_at": time.time()},
                                      attempt=lease.attempt, base=base)
             self.committed_step = base = state.step
