@@ -317,7 +317,7 @@ class WorkerCore:
             explored = await asyncio.to_thread(work.explore, self.model, job, self.recipe.sampler,
                                                self.reward, self.shape, between_steps)
         except Cancelled as e:
-            log.warning("%s", e)  # the measurement the explore-cancel test reads (the node's log)
+            log.warning("%s", e)  # the node's log: where the cancel arrived and where the job stopped
             raise
         return m.ExploreResult(
             rewards=[float(r) for r in explored.rewards],
