@@ -13,7 +13,7 @@ Inside a group every denoising step runs on one persistent compute thread (``ran
 the worker's event loop still answers status, stop and leave while a step waits in a collective
 on a dead or hung peer; the collective fails when the peer's sockets close (a SIGKILL) or after
 the timeout (a hung peer), and the step raises ``GroupBroken`` (``WorkerCore``). A worker running
-alone keeps computing on the loop's thread, exactly as before.
+a rollout alone computes on the loop's thread.
 
 The agent breaks a group with ``WorkerLeave(epoch)``, and a spot notice stops a worker
 (``WorkerStop``); either reaches the ranks of a group at slightly different times, so before

@@ -9,7 +9,7 @@ bound to the current one, and the pins of the versions lent to neighbours.
 - Lending hands out the live buffer (its segment or CUDA IPC handle) and **pins** it: a pinned
   buffer is not reloaded until every borrower returned it or ``ttl_s`` after the latest lend (a
   borrower that died or hangs). ``slot_for`` waits for that, so a lender's switch to a new version
-  may wait for its borrowers' copies (tens of ms) when every buffer is lent. A copy racing a
+  may wait for its borrowers' copies when every buffer is lent. A copy racing a
   reload after the ttl is caught by the buffer's generation (``FlatWeights.reload``).
 
 The clock is the event loop's (a test's fake loop clock works). Knows buffers, versions and
