@@ -44,7 +44,7 @@ print("ready", flush=True)
 k = 0
 while True:  # the spot worker's exploration, forever: 8 candidates, 4 effective steps
     job = m.ExploreWork(prompt="two red circles", seeds=list(range(k, k + 8)), version=0,
-                        effective_steps=4, cache_threshold=None, init_seed=None)
+                        cache="taylor:2", init_seed=None)
     work.explore(model, job, recipe.sampler, reward, shape)
     k += 8
 """
