@@ -1,6 +1,7 @@
-"""Every GPU path of elastic SP, exercised once on a single- or multi-GPU machine (< 8 minutes).
+# .venv/bin/python bench/gpu_check.py            # or name sections: gpu_check.py ipc regroup
+"""Does every GPU path work on this machine, and how fast is it?
 
-    .venv/bin/python bench/gpu_check.py            # or name sections: gpu_check.py ipc regroup
+Every GPU path of elastic SP, exercised once on a single- or multi-GPU machine (< 8 minutes).
 
 Prints one table: the probes (CUDA, NCCL, cupy, xfuser), SP exactness under NCCL (degree = the
 largest of 1, 2, 4 the GPUs allow: NCCL needs one GPU per rank), a regroup of GPU members after a

@@ -1,7 +1,8 @@
-"""Elastic SP in the real runtime: a killed group member, regroup with a warm spare vs waiting for
-a cold replacement, from the kill to the resumed request's first step in the tensor store.
+# .venv/bin/python bench/sp_runtime.py [--trials 3]
+"""How long from a killed SP group member to the resumed request's first step: regroup or cold restart?
 
-    .venv/bin/python bench/sp_runtime.py [--trials 3]
+Elastic SP in the real runtime: a killed group member, regroup with a warm spare vs waiting for
+a cold replacement, from the kill to the resumed request's first step in the tensor store.
 
 One LocalRuntime (queue, store, controller, one node agent with three workers, runtime.sp_degree
 = 2: one group and a spare; the same 6-step rollout of a 2-layer, 4-head DiT with 64 image tokens
