@@ -85,7 +85,7 @@ def copy_into(arrays: dict[str, np.ndarray], segment: str, layout: dict[str, lis
     """Fill `arrays` (contiguous, writable) from a peer's segment; returns the bytes copied.
 
     Read with `preadv` into each array's own memory: one kernel copy from the shared pages, no
-    fresh mapping to fault in page by page (which ran at ~40% of memcpy; this at ~memcpy). A
+    fresh mapping to fault in page by page (docs/BENCHMARKS.md compares the two). A
     layout that does not match `arrays` is a ProtocolError before any byte is written."""
     import os
 

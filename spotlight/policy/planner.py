@@ -65,7 +65,7 @@ class PlannerConfig:
     "taylor:N"); strings are parsed into `Arm`s."""
     exploration: float = 0.5
     """c in UCB1's mean + c·sqrt(2 ln N / n): 0 = always the best mean so far. Below UCB1's 1
-    because normalised spreads of sensible arms lie close together (~0.6-1) and a run has only a
+    because normalised spreads of sensible arms lie close together and a run has only a
     few hundred iterations to spend."""
     smoothing: float = 0.5
     """EWMA weight of the newest measurement of costs and the training window, in (0, 1]."""
