@@ -143,8 +143,9 @@ def step_cache(model, cache: StepCache | None) -> Iterator[CachedModel]:
     come off when the block exits, also on an exception.
     """
     dit = model.dit
-    # A block's attention runs its query projection only when it is computed, not when a cache
-    # reuses or predicts it (a forward hook on the attention module itself would fire either way:
+    # diffusers 0.42.1 has no public count of the calls a cache reused. A block's attention runs its
+    # query projection only when it is computed, not when a cache reuses or predicts it, so a torch
+    # forward hook there counts them (one on the attention module itself would fire either way:
     # diffusers' hooks replace `forward`, torch's hooks wrap the call).
     queries = [m for name, m in dit.named_modules() if name.endswith("attn.to_q")]
     if cache is not None:
