@@ -110,7 +110,7 @@ def test_adapts_when_spot_workers_leave_and_come_back():
         p.observe_payoff(d.arm, payoff[d.arm.label])
     assert d.arm.label == "32@fbc:0.2"
     assert d.predicted_s["32@fbc:0.2"] == pytest.approx(cost(p.cfg.arms[3], 6))  # as measured
-    # preemptions: 2 workers left -> 7.2 worker-s; 32@0.2 (15.4 s) and 16 (12.8 s) no longer fit
+    # preemptions: 2 workers left -> 7.2 worker-s; 32@fbc:0.2 (15.4 s) and 16 (12.8 s) no longer fit
     small = []
     for _ in range(10):
         d = p.choose(workers=2, prompts=PROMPTS)
