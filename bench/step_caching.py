@@ -7,7 +7,10 @@ training prompts, `--candidates` seeds each, the loop's shared initial noise), e
 step caches the planner's arms can name (`spotlight.policy.caching.StepCache`):
 
 - `fbc:T` — First Block Cache at several thresholds (reuse decided per call from the data);
-- `taylor:N` — TaylorSeer, attention recomputed every N calls and extrapolated in between.
+- `taylor:N` — TaylorSeer, attention recomputed every N calls and extrapolated in between;
+- MagCache at several thresholds, which is not an arm (its ratios are per checkpoint; see
+  `spotlight.policy.caching`): here with ratios calibrated on the first prompt batch at full steps,
+  i.e. the best it could do with one calibration pass per weights version.
 
 Columns: model calls in which every block's attention ran (ratio to full), attention forwards run
 (the machine-independent cost), CPU seconds of this process (one torch thread: unlike wall time,
@@ -41,6 +44,36 @@ from spotlight.rewards.base import to_uint8_images  # noqa: E402
 
 CACHES = ("fbc:0.15", "fbc:0.2", "fbc:0.3", "fbc:0.5", "fbc:1",
           "taylor:2", "taylor:3", "taylor:4", "taylor:8")
+MAG_THRESHOLDS = (0.06, 0.12, 0.25, 0.5)
+
+
+@torch.no_grad()
+def mag_ratios(model, recipe, batch) -> list[float]:
+    """MagCache's per-step magnitude ratios for this model, computed as diffusers' calibrate mode
+    does (mean over tokens of |residual_k| / |residual_k-1|, residual = the last block's image output
+    minus the first block's input), on `batch`'s first prompt at full steps. diffusers 0.42.1's
+    calibrate mode only prints them, so torch's public hooks take them here (QwenImage blocks)."""
+    blocks, seen, ratios = model.dit.transformer_blocks, {}, []
+
+    def head(module, args, kwargs):
+        seen["in"] = kwargs["hidden_states"]
+
+    def tail(module, args, kwargs, out):
+        res = out[-1] - seen["in"]
+        if "res" in seen:
+            ratios.append(float((res.norm(dim=-1) / (seen["res"].norm(dim=-1) + 1e-8)).mean()))
+        seen["res"] = res
+
+    hooks = [blocks[0].register_forward_pre_hook(head, with_kwargs=True),
+             blocks[-1].register_forward_hook(tail, with_kwargs=True)]
+    prompt, seeds, init = batch[0]
+    try:
+        sample_policy(model, [prompt] * len(seeds), seeds, recipe.sampler, work.image_shape(recipe),
+                      init_seed=init)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [1.0, *ratios]
 
 
 def jobs(recipe, n_prompts: int, candidates: int, rounds: int) -> list[tuple[str, list[int], int | None]]:
@@ -104,8 +137,20 @@ def main() -> None:
     print("-" * len(head))
     print(f"{'full steps (baseline)':<26}{calls0:>7}{1:>8.3f}x{attn0:>8}{1:>8.3f}x{sec0:>8.2f}{1:>8.3f}x"
           f"{1:>10.3f}{1:>7.2f}{1:>8.3f}")
-    for name in CACHES:
-        scores, calls, attn, sec = explore(model, recipe, reward, batch, StepCache.parse(name))
+    from diffusers.hooks import MagCacheConfig
+
+    ratios = mag_ratios(model, recipe, batch)
+    mags = [(f"mag:{t:g} (calibrated)", MagCacheConfig(threshold=t, num_inference_steps=steps,
+                                                        mag_ratios=ratios)) for t in MAG_THRESHOLDS]
+    for name, config in [(c, StepCache.parse(c)) for c in CACHES] + mags:
+        if isinstance(config, StepCache):
+            scores, calls, attn, sec = explore(model, recipe, reward, batch, config)
+        else:  # installed here, counted by step_cache; it resets itself after num_inference_steps calls
+            model.dit.enable_cache(config)
+            try:
+                scores, calls, attn, sec = explore(model, recipe, reward, batch)
+            finally:
+                model.dit.disable_cache()
         rho, per = rank_consistency(scores, full)
         kept, spread = selection(batch, full, scores, group)
         print(f"{name:<26}{calls:>7}{calls / calls0:>8.3f}x{attn:>8}{attn / attn0:>8.3f}x{sec:>8.2f}"
