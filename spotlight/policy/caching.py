@@ -76,6 +76,15 @@ class StepCache:
     def label(self) -> str:
         return f"{self.kind}:{self.value:g}"
 
+    def nominal_calls(self, steps: int) -> int:
+        """Model calls of a `steps`-step sampling call that run every block's attention, before any
+        measurement: TaylorSeer's fixed schedule (the warm-up calls, then every N-th, as diffusers
+        0.42.1 decides it), and for ``fbc`` all of them (its reuse depends on the data)."""
+        if self.kind == "fbc":
+            return steps
+        n = int(self.value)
+        return sum(k < _TAYLOR_WARMUP or (k - _TAYLOR_WARMUP - 1) % n == 0 for k in range(steps))
+
     def config(self):
         """The diffusers config that `enable_cache` takes."""
         from diffusers.hooks import FirstBlockCacheConfig, TaylorSeerCacheConfig

@@ -6,7 +6,8 @@ present x `budget_fraction` (worker-seconds). An arm is (M candidates per prompt
 one of diffusers' step caches, `spotlight.policy.caching.StepCache`). Its predicted cost is
 prompts x M x (worker-seconds per candidate sample), the last an EWMA per arm of what the arm's
 exploration measured; an arm never measured is priced from the EWMA of seconds per (candidate
-sample x model call) over every measurement, times all steps (a cache only ever computes fewer).
+sample x model call) over every measurement, times its nominal calls (all steps at full steps and
+for a first-block cache, whose reuse depends on the data; TaylorSeer's fixed schedule).
 Arms over budget are never chosen; when no arm fits, the cheapest is chosen and the decision says
 so.
 
@@ -54,6 +55,10 @@ class Arm:
     @property
     def label(self) -> str:
         return str(self.candidates) if self.cache is None else f"{self.candidates}@{self.cache.label}"
+
+    def nominal_calls(self, steps: int) -> int:
+        """Computed model calls per candidate sample before any measurement (`StepCache.nominal_calls`)."""
+        return steps if self.cache is None else self.cache.nominal_calls(steps)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -176,7 +181,7 @@ class Planner:
         """Worker-seconds `arm` would take for `prompts` prompts; None when nothing is measured."""
         per = self.sample_seconds[self.cfg.arms.index(arm)]
         if per is None and self.call_seconds is not None:
-            per = self.call_seconds * self.steps
+            per = self.call_seconds * arm.nominal_calls(self.steps)
         return None if per is None else prompts * arm.candidates * per
 
     def choose(self, *, workers: int, prompts: int, window_s: float | None = None) -> Decision:
@@ -215,7 +220,7 @@ class Planner:
 
     def _nominal(self, j: int) -> int:
         """Candidate-sample model calls of arm j before any measurement."""
-        return self.cfg.arms[j].candidates * self.steps
+        return self.cfg.arms[j].candidates * self.cfg.arms[j].nominal_calls(self.steps)
 
     def _ucb(self, j: int) -> float | None:
         if self.pulls[j] == 0:

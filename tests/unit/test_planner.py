@@ -21,14 +21,14 @@ def make(arms=("8", "16", "8@taylor:3", "32@fbc:0.2"), **kw) -> Planner:
 
 def measure(p: Planner, arm: Arm, calls_per_sample: float | None = None) -> None:
     """The fake machine: a candidate sample costs CALL_S per computed model call."""
-    calls = STEPS if calls_per_sample is None else calls_per_sample
+    calls = arm.nominal_calls(STEPS) if calls_per_sample is None else calls_per_sample
     samples = PROMPTS * arm.candidates
     p.observe_cost(arm, worker_seconds=samples * calls * CALL_S, samples=samples,
                    sample_calls=round(samples * calls))
 
 
 def cost(arm: Arm, calls_per_sample: float | None = None) -> float:
-    calls = STEPS if calls_per_sample is None else calls_per_sample
+    calls = arm.nominal_calls(STEPS) if calls_per_sample is None else calls_per_sample
     return PROMPTS * arm.candidates * calls * CALL_S
 
 
@@ -41,9 +41,8 @@ def test_arms_parse_from_recipe_strings():
 def test_first_choice_without_measurements_is_the_cheapest_and_says_so():
     p = make()
     d = p.choose(workers=2, prompts=PROMPTS, window_s=1.0)
-    # every arm is priced at full steps before a measurement (a cache only ever computes fewer): the
-    # fewest candidates, the earlier arm on a tie
-    assert d.arm == Arm(8) and d.reason == "no cost estimate yet: cheapest"
+    # the fewest nominal candidate-calls: TaylorSeer every 3rd of 10 steps computes 5 (0, 1, 3, 6, 9)
+    assert d.arm == Arm(8, StepCache("taylor", 3)) and d.reason == "no cost estimate yet: cheapest"
     p.observe_cost(d.arm, worker_seconds=1.0, samples=10, sample_calls=50)
     d = p.choose(workers=2, prompts=PROMPTS)  # priced now, but no training window seen yet
     assert d.reason == "no training window yet: cheapest" and d.budget_s is None
@@ -52,7 +51,8 @@ def test_first_choice_without_measurements_is_the_cheapest_and_says_so():
 def test_never_chooses_an_infeasible_arm():
     p = make(call_seconds=CALL_S, budget_fraction=1.0)
     arms = p.cfg.arms
-    # budget fits 8 and 8@taylor:3 (6.4 s at full steps) but not 16 (12.8 s) nor 32@fbc:0.2 (25.6 s)
+    # budget fits 8 (6.4 s) and 8@taylor:3 (3.2 s) but not 16 (12.8 s) nor 32@fbc:0.2 (25.6 s: a
+    # first-block cache is priced at full steps, its reuse depends on the data)
     p.observe_window(3.5)
     for it in range(30):
         d = p.choose(workers=2, prompts=PROMPTS)
@@ -68,11 +68,8 @@ def test_never_chooses_an_infeasible_arm():
 def test_no_arm_fits_chooses_the_cheapest_and_says_so():
     p = make(call_seconds=CALL_S)
     d = p.choose(workers=1, prompts=PROMPTS, window_s=0.1)
-    assert d.arm == Arm(8) and d.reason == "no arm fits the budget: cheapest"
+    assert d.arm == Arm(8, StepCache("taylor", 3)) and d.reason == "no arm fits the budget: cheapest"
     assert d.budget_s == pytest.approx(0.09)
-    measure(p, p.cfg.arms[2], calls_per_sample=5)  # TaylorSeer every 3rd call: 5 of 10 computed
-    d = p.choose(workers=1, prompts=PROMPTS, window_s=0.1)
-    assert d.arm.label == "8@taylor:3" and d.reason == "no arm fits the budget: cheapest"
     assert json.loads(json.dumps(d.as_dict()))["arm"] == "8@taylor:3"  # loggable as is
 
 
@@ -141,8 +138,10 @@ def test_window_and_costs_are_ewmas():
     p.observe_cost(a, worker_seconds=16.0, samples=16, sample_calls=160)
     p.observe_cost(a, worker_seconds=32.0, samples=16, sample_calls=160)
     assert p.predicted_seconds(a, prompts=1) == pytest.approx(16 * 1.5)
-    # an arm never measured is priced from the per-call rate at full steps (a cache computes fewer)
+    # an arm never measured is priced from the per-call rate times its nominal calls: all steps for
+    # a first-block cache, TaylorSeer's schedule (5 of 10 at interval 3)
     assert p.predicted_seconds(Arm(32, StepCache("fbc", 0.2)), prompts=1) == pytest.approx(32 * STEPS * 0.15)
+    assert p.predicted_seconds(Arm(8, StepCache("taylor", 3)), prompts=1) == pytest.approx(8 * 5 * 0.15)
 
 
 def test_state_round_trip_gives_the_same_next_choices():
