@@ -1,8 +1,9 @@
-"""Chaos: random SIGKILLs and SIGTERMs of spot agents and workers while rollout requests run on
+# .venv/bin/python bench/chaos.py --kills 100 --seed 0
+"""Is any work lost or counted twice when spot nodes are killed at random?
+
+Chaos: random SIGKILLs and SIGTERMs of spot agents and workers while rollout requests run on
 the real runtime (processes over ipc, the tiny model), with per-step commits and under naive_spot
 (no step commits: a preempted request restarts from scratch), side by side.
-
-    .venv/bin/python bench/chaos.py --kills 100 --seed 0
 
 Each mode: a reserved node (1 worker) and ``--nodes`` spot nodes (1 worker each) under a
 ``FaultInjector`` (seeded); requests are submitted in rounds of ``--round`` (each with its own

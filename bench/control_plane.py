@@ -1,5 +1,7 @@
 # python bench/control_plane.py --clients 4 --batch 64
-"""Control-plane throughput and latency of the request queue over real sockets.
+"""How many requests a second does the queue serve, at what latency, over real sockets?
+
+Control-plane throughput and latency of the request queue over real sockets.
 
 Starts ``python -m spotlight.actors.queue`` in a subprocess per transport (ipc, tcp loopback) and
 drives it with several concurrent ``QueueClient``s (one DEALER socket each, one asyncio loop):

@@ -4,9 +4,9 @@ time bench, which models "reserved" and "spot" hardware as CPU 0 and CPU 1 of on
 
 The trainer (the demo recipe's model and GRPO update on one iteration's groups) runs on CPU 0. On
 CPU 1 a process does what the spot worker does during an overlapped training window: scores
-candidate seeds with the rollout policy at the planner's cheap arm (8 candidates, 4 effective
-steps), in a loop. It is stopped (SIGSTOP, CPU 1 idle) and continued (SIGCONT, CPU 1 busy) between
-measurements, alternately, `--rounds` times each: the same update timed with the neighbour idle
+candidate seeds with the rollout policy at the demo planner's cheap arm (8 candidates, TaylorSeer
+cache every 3rd call), in a loop. It is stopped (SIGSTOP, CPU 1 idle) and continued (SIGCONT, CPU 1
+busy) between measurements, alternately, `--rounds` times each: the same update timed with the neighbour idle
 and busy. On separate machines — what reserved and spot nodes are — the ratio is 1.00 by
 construction; here it is whatever the two cores share (memory bandwidth, cache, the host's
 scheduling of two vCPUs).
@@ -42,9 +42,9 @@ model = work.policy_model(recipe)
 reward, shape = work.recipe_reward(recipe), work.image_shape(recipe)
 print("ready", flush=True)
 k = 0
-while True:  # the spot worker's exploration, forever: 8 candidates, 4 effective steps
+while True:  # the spot worker's exploration, forever: the demo's cheap arm, 8@taylor:3
     job = m.ExploreWork(prompt="two red circles", seeds=list(range(k, k + 8)), version=0,
-                        effective_steps=4, cache_threshold=None, init_seed=None)
+                        cache="taylor:3", init_seed=None)
     work.explore(model, job, recipe.sampler, reward, shape)
     k += 8
 """

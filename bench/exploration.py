@@ -1,6 +1,8 @@
 # python bench/exploration.py learning --iterations 60 [overrides ...]
 # python bench/exploration.py time --iterations 8 --repeats 3 [overrides ...]
-"""Seed exploration schedules side by side: random seeds (off), best-of-N on the critical path
+"""Does seed exploration pay for itself, and does overlapping it with training hide its cost?
+
+Seed exploration schedules side by side: random seeds (off), best-of-N on the critical path
 (critical) and stale-weight exploration during training (overlap), from the same base and seeds.
 
 ``learning`` (hardware independent: real GRPO on the demo model, in-process; the in-process overlap

@@ -1,6 +1,7 @@
-"""Do the GPU paths work on this machine? Every one exercised once (< 8 minutes).
+# .venv/bin/python bench/gpu_check.py            # or name sections: gpu_check.py ipc sp
+"""Does every GPU path work on this machine, and how fast is it?
 
-    .venv/bin/python bench/gpu_check.py            # or name sections: gpu_check.py ipc sp
+Every GPU path exercised once on a single- or multi-GPU machine (< 8 minutes).
 
 Prints one table: the probes (CUDA, NCCL, cupy, xfuser), SP exactness under NCCL (degree = the
 largest of 1, 2, 4 the GPUs allow: NCCL needs one GPU per rank), CUDA IPC and peer-copy bandwidth

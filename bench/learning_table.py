@@ -1,5 +1,7 @@
 # python bench/learning_table.py runs/tiny      (after `spotlight run tiny`)
-"""The learning table of a run, from its metrics.jsonl: every evaluation's ODE reward on held-out
+"""How far did a run learn, evaluation by evaluation?
+
+The learning table of a run, from its metrics.jsonl: every evaluation's ODE reward on held-out
 prompts (the headline, mean ± spread over the evaluation seed sets) and its rise over the base, ODE
 on training prompts, the SDE policy, the held-out shape credit and the flow-matching drift; then the
 issue-11 goals checked against it, and where the held-out reward not earned goes, by cause, at the

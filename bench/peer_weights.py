@@ -1,7 +1,8 @@
-"""Weights from a peer on the same node, through the real runtime: store fetches per version per
-node, and the peer copy's bandwidth against this machine's memcpy.
+# taskset -c 1 .venv/bin/python bench/peer_weights.py [--versions 9] [--workers 3] [--layers 4]
+"""How often does a node fetch a weights version from the store, and how fast is the peer copy?
 
-    taskset -c 1 .venv/bin/python bench/peer_weights.py [--versions 9] [--workers 3] [--layers 4]
+Weights from a peer on the same node, through the real runtime: store fetches per version per
+node, and the peer copy's bandwidth against this machine's memcpy.
 
 One invocation, the two modes side by side (the same code, ``runtime.peer_weights`` on and off):
 a LocalRuntime (queue, tensor store, controller) and one node agent with ``--workers`` worker

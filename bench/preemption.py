@@ -1,7 +1,8 @@
-"""Preemption cost: one spot trace, one model, per-step commits against naive_spot, beside a run
-with the same spot capacity and no preemption, side by side in one invocation.
+# .venv/bin/python bench/preemption.py --iterations 16 --prompts 8 --steps 20 --trace-hour-s 6
+"""What does preemption cost a run, with per-step commits and without them?
 
-    .venv/bin/python bench/preemption.py --iterations 16 --prompts 8 --steps 20 --trace-hour-s 6
+Preemption cost: one spot trace, one model, per-step commits against naive_spot, beside a run
+with the same spot capacity and no preemption, side by side in one invocation.
 
 Three real runs (``run.mode = "runtime"``, the tiny model on this machine's CPUs, exploration off
 in all three so only preemption handling differs):

@@ -1,5 +1,7 @@
 # python bench/reward_validation.py [--n 400] [--checkpoint builtin:base ...]
-"""Validation of the compositional reward against ground truth the project can make (issue 11).
+"""Does the compositional reward agree with ground truth the project can make?
+
+Validation of the compositional reward against ground truth the project can make (issue 11).
 
 Prints three tables (results in docs/REWARD.md):
 1. the shape classifier's confusion matrix: objects of rendered scenes (true shape known) and

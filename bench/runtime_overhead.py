@@ -1,6 +1,8 @@
 # OMP_NUM_THREADS=1 python bench/runtime_overhead.py --paired --model tiny --iterations 17
 # OMP_NUM_THREADS=1 python bench/runtime_overhead.py --model tiny --iterations 4 --repeats 3
-"""Runtime overhead: wall time per GRPO iteration through the actor runtime vs the in-process loop.
+"""What does the actor runtime cost per iteration against the in-process loop?
+
+Runtime overhead: wall time per GRPO iteration through the actor runtime vs the in-process loop.
 
 Same recipe, same seeds, measured side by side in one invocation (modes interleaved, `--repeats`
 rounds, so a noisy neighbour hits every mode alike; each run in a fresh Python process, as a user

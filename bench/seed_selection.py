@@ -1,5 +1,7 @@
 # python bench/seed_selection.py --iterations 40 --target 0.10 [--recipe tiny] [overrides ...]
-"""Random seeds (Flow-GRPO) vs best-of-N seed selection (DanceGRPO) from the same base and seeds.
+"""Does best-of-N seed selection learn faster than random seeds?
+
+Random seeds (Flow-GRPO) vs best-of-N seed selection (DanceGRPO) from the same base and seeds.
 
 Runs the same recipe twice in one invocation, with `explore.schedule` off and critical, and prints
 iterations to the target (held-out reward >= base + target), the final held-out reward, the reward

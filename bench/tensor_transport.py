@@ -1,5 +1,7 @@
 # python -m bench.tensor_transport  [--sizes-mb 1 16 64 256] [--reps 5]   (from the repo root)
-"""Tensor store put/get throughput: ZeroMQ zero-copy frames on TCP loopback vs shared memory.
+"""How fast do tensors move through the store: ZeroMQ frames or shared memory?
+
+Tensor store put/get throughput: ZeroMQ zero-copy frames on TCP loopback vs shared memory.
 
 Starts a real tensor-store subprocess on ``tcp://127.0.0.1:0`` and, for each float32 tensor
 size, times ``client.put`` then ``client.get`` of one key through (a) the zero-copy frame path

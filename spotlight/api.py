@@ -7,7 +7,9 @@
 
 `Experiment` picks the executor the recipe's `run.mode` names: the in-process reference loop, or
 the actor runtime in local processes (reserved side + spot workers), whose queue and tensor store
-clients are reachable as `exp.queue` / `exp.store` while it runs.
+clients are reachable as `exp.queue` / `exp.store` while it runs. It is the one wiring of a run:
+`spotlight run` and the reserved side of a cluster (`spotlight reserved`, which serves the actors
+on TCP through `runtime_options["serve"]`) both start through it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ class Experiment:
         self.loop = None
         self.runtime = None
         self.runtime_options: dict = {}
-        """Keyword arguments of the ``LocalRuntime`` a runtime run starts (benches: ``spot_cpus``)."""
+        """Keyword arguments of the ``LocalRuntime`` a runtime run starts (``serve``: where the actors
+        listen for nodes on other hosts; benches: ``spot_cpus``)."""
+        self.on_runtime: list[Callable[[object], None]] = []
+        """Called with the ``LocalRuntime`` once its actors are up, before the first iteration."""
 
     def on_metrics(self, hook: Callable[[dict], None]) -> None:
         """Call `hook(record)` for every metrics record (iteration, eval) as it is written."""
@@ -43,6 +48,9 @@ class Experiment:
         return None if self.runtime is None else self.runtime.store
 
     def run(self, resume: bool = False, progress: bool = True) -> dict:
+        """The recipe's run to its end (or from its latest checkpoint with ``resume``); returns the
+        loop's summary. A missing checkpoint or device, or a runtime run on one machine without a
+        worker, fails in one line before anything is started."""
         from spotlight.loop import Loop
 
         hooks = [self.records.append, *self._hooks]
@@ -55,14 +63,16 @@ class Experiment:
         from spotlight.parallel.device import resolve_device
 
         r = self.recipe.runtime
-        if r.reserved_workers + r.spot_workers < 1:
+        if "serve" not in self.runtime_options and r.reserved_workers + r.spot_workers < 1:
             raise ConfigError("run.mode=\"runtime\" on one machine needs a worker: "
                               "runtime.reserved_workers + runtime.spot_workers >= 1")
         resolve_device(self.recipe.run.device)  # a device that is not here: one line, before any actor
         with LocalRuntime(self.recipe, **self.runtime_options) as self.runtime:
+            for started in self.on_runtime:
+                started(self.runtime)
             hooks.insert(0, self.runtime.metrics_hook)  # spot fields on every iteration record
             self.loop = Loop(self.recipe, executor=self.runtime.executor, resume=resume, hooks=hooks,
                              progress=progress)
             summary = self.loop.run()
-            self.runtime.plot_spot(self.records, self.loop.out / "spot.png")
+            self.runtime.plot_spot(self.loop.metrics.read(), self.loop.out / "spot.png")
             return summary

@@ -248,9 +248,12 @@ def _export(args) -> int:
 def _reserved(args) -> int:
     from spotlight.actors.config import ServeConfig
     from spotlight.actors.options import given
-    from spotlight.actors.runtime import LocalRuntime
-    from spotlight.loop import Loop
+    from spotlight.api import Experiment
     from spotlight.recipe import load_recipe
+
+    def announce(rt) -> None:
+        print(f"controller listening on {rt.endpoint}\nspot nodes join with: launch/spot.sh --controller "
+              f"{rt.endpoint}", flush=True)
 
     with sigterm_as_interrupt():
         # No local spot workers unless asked for; the actors serve on TCP for spot nodes elsewhere.
@@ -258,20 +261,10 @@ def _reserved(args) -> int:
             args.recipe,
             ["runtime.spot_workers=0", *args.overrides, 'run.mode="runtime"', 'runtime.transport="tcp"'],
         )
-        if args.resume:  # no checkpoint: one line, before any process is started
-            from spotlight import checkpoint
-
-            checkpoint.latest(Path(recipe.run.out_dir) / recipe.run.name / "checkpoints")
-        with LocalRuntime(recipe, serve=ServeConfig(**given(args, ServeConfig))) as rt:
-            print(
-                f"controller listening on {rt.endpoint}\nspot nodes join with: launch/spot.sh --controller "
-                f"{rt.endpoint}",
-                flush=True,
-            )
-            loop = Loop(recipe, executor=rt.executor, resume=args.resume, progress=not args.no_progress,
-                        hooks=[rt.metrics_hook])
-            summary = loop.run()
-            rt.plot_spot(loop.metrics.read(), loop.out / "spot.png")
+        exp = Experiment(recipe)
+        exp.runtime_options = {"serve": ServeConfig(**given(args, ServeConfig))}
+        exp.on_runtime.append(announce)
+        summary = exp.run(resume=args.resume, progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
     return 0
 

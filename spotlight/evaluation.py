@@ -1,6 +1,6 @@
 """A run's evaluation: the sampler users deploy, on prompts never trained on — and what it costs.
 
-Every evaluation reports (DESIGN §8, issue 11):
+Every evaluation reports:
 - **ode_heldout** — the headline (`eval_reward`): the deterministic ODE sampler (`sampler.eval_steps`)
   on the held-out split of the run's prompt set (`spotlight.data.prompts.heldout_prompts`);
 - **ode_train** — the same sampler on (the first 8 of) the training prompts, unseen seeds;

@@ -252,8 +252,7 @@ class Loop:
                         prompt=p,
                         seeds=c[lo : lo + size],
                         version=version,
-                        effective_steps=arm.effective_steps,
-                        cache_threshold=arm.cache_threshold,
+                        cache=None if arm.cache is None else arm.cache.label,
                         init_seed=i,
                     )
                 )

@@ -49,7 +49,7 @@ class PretrainConfig:
     """auto | cpu | cuda, as `run.device`."""
     workers: int = 0
     """Processes rendering batches (0: this process, the CPU default). On a GPU the renderer, not
-    the model, is the bottleneck: one process renders ~1,100 scenes/s."""
+    the model, is the bottleneck (docs/BENCHMARKS.md)."""
 
     def __post_init__(self) -> None:
         for name in ("minutes", "max_steps", "batch_size", "lr", "snapshot_minutes"):
@@ -132,7 +132,7 @@ def pretrain(cfg: PretrainConfig, out: Path, log=print) -> Path:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         decay = min(cfg.ema_decay, (1 + step) / (10 + step))  # warm-up: early EMA must not keep the init
-        with torch.no_grad():
+        with torch.no_grad():  # torch 2.13: the multi-tensor lerp has only this underscore name
             torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - decay)
         losses.append(loss.detach())  # no device sync per step
         step += 1

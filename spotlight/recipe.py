@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, get_type_hints
 
 from spotlight.actors.config import RuntimeConfig
 from spotlight.errors import ConfigError, NotFound
@@ -23,6 +22,7 @@ from spotlight.policy.grpo import GRPOConfig
 from spotlight.policy.sampler import SamplerConfig
 from spotlight.policy.seeds import ExploreConfig
 from spotlight.rewards.config import RewardConfig
+from spotlight.sections import section
 from spotlight.spot.config import SpotConfig
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
@@ -209,35 +209,5 @@ def _build(data: dict[str, Any]) -> Recipe:
         if not isinstance(values, dict):
             raise ConfigError(f"[{name}] must be a table")
         cls = SECTIONS[name]  # a section whose keys are open (e.g. a reward's arguments) reads its own table
-        sections[name] = cls.from_table(values) if hasattr(cls, "from_table") else _section(name, cls, values)
+        sections[name] = cls.from_table(values) if hasattr(cls, "from_table") else section(name, cls, values)
     return Recipe(**sections)
-
-
-def _section(name: str, cls: type, values: dict[str, Any]):
-    hints = get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    for key, value in values.items():
-        if key not in known:
-            raise ConfigError(f"unknown field {name}.{key}; known: {', '.join(sorted(known))}")
-        _check_type(f"{name}.{key}", value, hints[key])
-    return cls(**values)
-
-
-def _check_type(field_name: str, value: Any, hint) -> None:
-    allowed = get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    for t in allowed:
-        if t is type(None) and value is None:
-            return
-        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return
-        if t is int and isinstance(value, int) and not isinstance(value, bool):
-            return
-        if t in (str, bool) and isinstance(value, t):
-            return
-        if get_origin(t) is list and isinstance(value, list):
-            (item,) = get_args(t)
-            for i, v in enumerate(value):
-                _check_type(f"{field_name}[{i}]", v, item)
-            return
-    names = " or ".join(getattr(t, "__name__", str(t)) for t in allowed)
-    raise ConfigError(f"{field_name} must be {names}, got {value!r}")

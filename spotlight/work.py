@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from spotlight.comm.messages import ExploreWork, RolloutWork
-from spotlight.policy.caching import step_cache
+from spotlight.policy.caching import StepCache, step_cache
 from spotlight.policy.grpo import Group, add_lora
 from spotlight.policy.sampler import RolloutState, SamplerConfig, sample_policy, sde_advance, start
 from spotlight.rewards.base import to_uint8_images
@@ -62,7 +62,8 @@ def image_shape(recipe) -> tuple[int, int, int]:
 
 @dataclass(slots=True)
 class Explored:
-    """An explore job's outcome: rewards [M] in seed order, and the DiT calls that ran every block."""
+    """An explore job's outcome: rewards [M] in seed order, and the DiT calls that ran every block's
+    attention (all steps without a cache)."""
 
     rewards: np.ndarray
     model_calls: int
@@ -71,21 +72,14 @@ class Explored:
 @torch.no_grad()
 def explore(model, job: ExploreWork, sampler: SamplerConfig, reward, shape, between_steps=None) -> Explored:
     """The job's candidate seeds scored: sampled with the rollout policy from the group's shared x_1
-    (when it has one), with the job's cheaper denoising (evenly spread ``effective_steps``, or
-    diffusers' first-block cache at ``cache_threshold``). ``between_steps(k)`` runs after each
-    denoising step k; what it raises ends the job (``spotlight.policy.sampler.sample``)."""
+    (when it has one), through the job's step cache (``job.cache``; None = full steps).
+    ``between_steps(k)`` runs after each denoising step k; what it raises ends the job
+    (``spotlight.policy.sampler.sample``)."""
     prompts = [job.prompt] * len(job.seeds)
-    with step_cache(model, job.cache_threshold) as cached:
-        x = sample_policy(
-            cached,
-            prompts,
-            list(job.seeds),
-            sampler,
-            shape,
-            effective_steps=job.effective_steps,
-            init_seed=job.init_seed,
-            between_steps=between_steps,
-        )
+    cache = None if job.cache is None else StepCache.parse(job.cache)
+    with step_cache(model, cache) as cached:
+        x = sample_policy(cached, prompts, list(job.seeds), sampler, shape, init_seed=job.init_seed,
+                          between_steps=between_steps)
     return Explored(np.asarray(reward(to_uint8_images(x), prompts), dtype=np.float32), cached.stats.computed)
 
 

@@ -10,8 +10,8 @@ Wire layout of one message (a multipart ZeroMQ message, or any list of buffers):
     frame 1.. the raw bytes of each tensor, C order, native (little-endian) byte order
 
 A tensor may sit in any field, at any depth of dicts/lists/nested messages. The ext placeholder
-marks its place instead of a key path, so both directions stay single C passes of msgpack (a
-Python walk over every field cost ~3x the whole codec on batched queue messages). Encoding
+marks its place instead of a key path, so both directions stay single C passes of msgpack (no
+Python walk over every field). Encoding
 passes each array's own buffer (no copy unless the array is not C-contiguous); decoding returns
 ``np.frombuffer`` views on the received frames (no copy; the view keeps its frame alive; views of
 ``bytes`` frames are read-only).

@@ -82,16 +82,15 @@ class ErrorReply(Message):
 @dataclass(kw_only=True, slots=True)
 class ExploreWork(Message):
     """Score candidate seeds of one prompt (one batch, never split): sample with the policy SDE at
-    weights ``version`` and reward each sample. Cheaper denoising: ``effective_steps`` evenly spread
-    model evaluations (None = all), or diffusers' first-block cache at ``cache_threshold`` (None =
-    off). ``init_seed``: the group's shared x_1 (sampler.shared_init), else None."""
+    weights ``version`` and reward each sample. ``cache``: the step cache that makes it cheaper, a
+    ``spotlight.policy.caching.StepCache`` label ("fbc:0.2"; None = full steps). ``init_seed``: the
+    group's shared x_1 (sampler.shared_init), else None."""
 
     KIND: ClassVar[str] = "explore"
     prompt: str
     seeds: list[int]
     version: int
-    effective_steps: int | None = None
-    cache_threshold: float | None = None
+    cache: str | None = None
     init_seed: int | None = None
 
 

@@ -1,7 +1,7 @@
 """Shared-memory segments for the tensor store's same-machine bulk path (Linux ``/dev/shm``).
 
 Why not one fresh segment per tensor: a fresh tmpfs page costs an allocation and a zeroing on
-first touch, which measured ~1.3 GB/s here against ~7 GB/s for a warm memcpy. So the **service
+first touch, several times slower than a warm memcpy (docs/BENCHMARKS.md). So the **service
 owns every segment** and recycles them: a writer asks for a segment (``lend``), copies into it
 through a mapping it keeps cached (warm after the first use), and the service then *adopts* the
 segment as the stored tensor's memory without copying. When the service drops the last array
@@ -50,7 +50,7 @@ def _path(name: str) -> str:
 
 def _map(name: str, size: int | None = None, populate: bool = False) -> mmap.mmap:
     """Map segment ``name``; create it with ``size`` bytes if given (exclusively). ``populate``:
-    fault every page in now, in one call (~1 GB/s here, against ~0.3-0.9 GB/s page by page)."""
+    fault every page in now, in one call (faster than faulting them page by page)."""
     flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if size is not None else 0)
     fd = os.open(_path(name), flags, 0o600)
     try:

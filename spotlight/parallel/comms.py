@@ -4,8 +4,8 @@
 The node agent (persistent, outlives its workers) hosts one `TCPStore`. A group of workers that
 forms at epoch e meets under the key prefix "sp/e/" of that store and builds a process group
 object directly (`ProcessGroupGloo` on CPU, `ProcessGroupNCCL` on GPU), never the global default
-group: rebuilding a group after a member died is then "drop the old object, build a new one"
-(a few ms), with no `destroy_process_group` on a group whose peer is gone, and no process restart.
+group: rebuilding a group after a member died is then "drop the old object, build a new one",
+with no `destroy_process_group` on a group whose peer is gone, and no process restart.
 
 Why explicit timeouts: a gloo collective whose peer was SIGKILLed usually fails at once
 ("Connection closed by peer"), but a peer that is alive and stuck (SIGSTOP, a hung kernel) would
@@ -56,6 +56,9 @@ class Communicators:
             group = dist.ProcessGroupGloo(store, rank, size, self.timeout)
         else:
             opts = dist.ProcessGroupNCCL.Options()
+            # torch 2.13 has no public setter for a directly built NCCL group's timeout: Options
+            # exposes it only as `_timeout` (torch's own new_group sets it the same way), and the
+            # public `new_group(timeout=)` needs the global default group an elastic group avoids.
             opts._timeout = self.timeout
             group = dist.ProcessGroupNCCL(store, rank, size, opts)
         self.group, self.epoch = group, epoch

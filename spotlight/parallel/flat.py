@@ -110,7 +110,7 @@ def bind(model: torch.nn.Module, weights: FlatWeights) -> None:
                 t.data = view
             else:
                 owner, _, attr = name.rpartition(".")
-                model.get_submodule(owner)._buffers[attr] = view
+                setattr(model.get_submodule(owner), attr, view)  # a registered buffer's name: replaced
 
 
 def is_bound(model: torch.nn.Module, weights: FlatWeights) -> bool:

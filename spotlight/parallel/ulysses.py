@@ -19,9 +19,15 @@ slice), so with the loss computed identically on every rank the sum of the ranks
 gradients is the single-process gradient.
 
 The group is any `torch.distributed.ProcessGroup` the caller built (gloo on CPU, NCCL on GPU;
-`spotlight.parallel.groups` builds them per membership epoch with explicit timeouts). The model
-code never opens a socket. This module knows the DiT's attention and the collectives; nothing of
-workers, schedulers or commits.
+`spotlight.parallel.comms.Communicators` builds one per membership epoch with explicit
+timeouts). The model code never opens a socket.
+
+Invariants: degree 1 is the plain DiT; `Parallelized.undo()` restores the processors the DiT had
+and removes both hooks; the degree must divide the heads and the image tokens (one ConfigError
+line otherwise); only `QwenImageTransformer2DModel` without `zero_cond_t` is supported.
+
+This module knows the DiT's attention and the collectives; nothing of workers, schedulers or
+commits.
 """
 
 from __future__ import annotations

@@ -48,9 +48,8 @@ class GRPOConfig:
     """Adaptive β (0 = β fixed): after each iteration β ← β·(1 + clip(kl / kl_target − 1, ±0.2)·n /
     kl_horizon), n the iteration's samples (the adaptive KL controller of Ziegler et al. 2019, verl's
     `kl_ctrl.type = "adaptive"`), never below `beta`: β rises while the policy's distance to the
-    base is past the target and falls back once it is under. Measured on the demo's model
-    (LEARNING.md): a target the gains are made at gave them back (a rising β pulls the weights to
-    the base), a larger one acted too late to stop a run-away; the lr decay is what the demo uses."""
+    base is past the target and falls back once it is under (what it did on the demo's model:
+    docs/LEARNING.md)."""
     kl_horizon: float = 10_000.0
     """Samples over which the adaptive β can change by a factor of ~e^0.2 (smaller = faster)."""
     adv_clip: float = 5.0
@@ -59,7 +58,7 @@ class GRPOConfig:
     GRPO); 'batch' — the std of the whole iteration's centred rewards (Dr. GRPO's criticism of the
     per-group std; REINFORCE++'s global normalisation): a group whose samples differ by a sliver of
     shape credit then gets sliver-sized advantages instead of ±1, and a group where one sample
-    misses an object keeps a large one. On the demo's model the two measured the same (LEARNING.md)."""
+    misses an object keeps a large one (the two compared: docs/LEARNING.md)."""
     timestep_fraction: float = 0.5
     """Fraction of denoising steps trained per iteration (a random subset, seeded)."""
     updates_per_iteration: int = 1
@@ -88,25 +87,23 @@ class GRPOConfig:
     awm_times: int = 2
     """Fresh noise levels per sample per iteration under objective 'awm'."""
     awm_time_dist: str = "logit_normal"
-    """Times of the 'awm' loss: 'logit_normal' (pretraining's) or 'uniform' (the demo's: the same gain,
-    no run-away in 200 iterations where logit-normal drifted 88%, LEARNING.md)."""
+    """Times of the 'awm' loss: 'logit_normal' (pretraining's) or 'uniform' (the demo's; why:
+    docs/LEARNING.md)."""
     awm_time_min: float = 0.0
     """Under 'awm', draw the times from [awm_time_min, 1] (the chosen distribution rescaled): 0 = all
-    noise levels. The steps at high t lay the scene out (where objects go, how many, their boxes),
-    which is where the demo's trained model still loses reward; measured there, training only them
-    gained less and drifted more than all noise levels (LEARNING.md, session 10)."""
+    noise levels. The steps at high t lay the scene out: where objects go, how many, their boxes
+    (what training only them did: docs/LEARNING.md)."""
     awm_rollout_noise: float = 0.0
     """Under 'awm', the fraction of the `awm_times` draws whose ε is the rollout's own x_1 — the
     noise that drew the image — instead of a fresh draw: x_t on the line from that noise to its
     image (rectified flow's 'reflow' coupling), so the loss at high t says which noise led to a
-    good layout, where a fresh ε says only which layouts are good. Measured on the demo's model: it
-    gained less than fresh noise and did not teach the count (LEARNING.md, session 10)."""
+    good layout, where a fresh ε says only which layouts are good (measured: docs/LEARNING.md)."""
     awm_negative: float = 1.0
     """Weight of negative advantages under 'awm' (0 = learn from the better half only)."""
     awm_push_limit: float = 0.0
     """Under 'awm', stop pushing a below-average sample away once its flow-matching error exceeds
     the reference's on the same input by this fraction (0 = never stop): the push-away term has no
-    floor of its own (its loss goes to −∞), and β resists it only in proportion (LEARNING.md)."""
+    floor of its own (its loss goes to −∞), and β resists it only in proportion."""
     ema_decay: float = 0.0
     """Exponential moving average of the weights, updated after every optimizer step (0 = off):
     the model evaluated, checkpointed and deployed is the average; rollouts use the online one."""

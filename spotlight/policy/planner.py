@@ -2,13 +2,14 @@
 
 Exploration for iteration i+1 runs on spot workers while the trainer updates on iteration i, so
 what it may cost is bounded by that window: budget = predicted training window (s) x spot workers
-present x `budget_fraction` (worker-seconds). An arm is (M candidates per prompt, and either full
-steps, `effective_steps` E evenly spread, or a first-block-cache `cache_threshold`). Its predicted
-cost is prompts x M x (worker-seconds per candidate sample), the last an EWMA per arm of what the
-arm's exploration measured; an arm never measured is priced from the EWMA of seconds per
-(candidate sample x model call) over every measurement, times its nominal calls (E, or all steps
-for a cache arm — the cache only ever computes fewer). Arms over budget are never chosen; when no
-arm fits, the cheapest is chosen and the decision says so.
+present x `budget_fraction` (worker-seconds). An arm is (M candidates per prompt, and full steps or
+one of diffusers' step caches, `spotlight.policy.caching.StepCache`). Its predicted cost is
+prompts x M x (worker-seconds per candidate sample), the last an EWMA per arm of what the arm's
+exploration measured; an arm never measured is priced from the EWMA of seconds per (candidate
+sample x model call) over every measurement, times its nominal calls (all steps at full steps and
+for a first-block cache, whose reuse depends on the data; TaylorSeer's fixed schedule).
+Arms over budget are never chosen; when no arm fits, the cheapest is chosen and the decision says
+so.
 
 Payoff: the reward spread (std) of the groups the exploration selected, as the caller measures it.
 UCB1's bonus sqrt(2 ln N / n) assumes payoffs in [0, 1]; spreads are divided by the largest spread
@@ -30,38 +31,34 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from spotlight.errors import ConfigError
+from spotlight.policy.caching import StepCache
 
-DEFAULT_ARMS = ("8", "16", "16@0.2", "32@0.2")
-_ARM = re.compile(r"^\s*(\d+)\s*(?:x\s*(\d+)|@\s*([0-9.eE+-]+))?\s*$")
+DEFAULT_ARMS = ("8", "16", "16@fbc:0.2", "32@fbc:0.2")
+_ARM = re.compile(r"^\s*(\d+)\s*(?:@(.*))?$")
 
 
 @dataclass(frozen=True, slots=True)
 class Arm:
-    """One exploration setting: M candidates per prompt, and full steps, E even steps or a cache
-    threshold. Written in a recipe as "16" (full steps), "16x5" (E=5) or "16@0.2" (threshold)."""
+    """One exploration setting: M candidates per prompt, at full steps or with a step cache. Written
+    in a recipe as "16" (full steps), "16@fbc:0.2" or "16@taylor:3" (`StepCache`)."""
 
     candidates: int
-    effective_steps: int | None = None
-    cache_threshold: float | None = None
+    cache: StepCache | None = None
 
     @classmethod
     def parse(cls, text: str) -> Arm:
         m = _ARM.match(text)
         if not m:
-            raise ValueError(f"{text!r} is not 'M', 'MxE' or 'M@threshold'")
-        return cls(int(m[1]), int(m[2]) if m[2] else None, float(m[3]) if m[3] else None)
+            raise ValueError(f"{text!r} is not 'M' or 'M@CACHE'")
+        return cls(int(m[1]), StepCache.parse(m[2]) if m[2] is not None else None)
 
     @property
     def label(self) -> str:
-        if self.effective_steps is not None:
-            return f"{self.candidates}x{self.effective_steps}"
-        if self.cache_threshold is not None:
-            return f"{self.candidates}@{self.cache_threshold:g}"
-        return str(self.candidates)
+        return str(self.candidates) if self.cache is None else f"{self.candidates}@{self.cache.label}"
 
     def nominal_calls(self, steps: int) -> int:
-        """Model calls per candidate sample before any measurement (an upper bound for a cache arm)."""
-        return min(self.effective_steps, steps) if self.effective_steps is not None else steps
+        """Computed model calls per candidate sample before any measurement (`StepCache.nominal_calls`)."""
+        return steps if self.cache is None else self.cache.nominal_calls(steps)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -69,11 +66,11 @@ class PlannerConfig:
     """The exploration planner (recipe section [explore])."""
 
     arms: tuple[Arm, ...] = field(default_factory=lambda: tuple(map(Arm.parse, DEFAULT_ARMS)))
-    """The settings it chooses among: "M" (full steps), "MxE" (E evenly spread steps) or
-    "M@t" (first-block cache at threshold t); strings are parsed into `Arm`s."""
+    """The settings it chooses among: "M" (full steps) or "M@CACHE" (a `StepCache`: "fbc:T",
+    "taylor:N"); strings are parsed into `Arm`s."""
     exploration: float = 0.5
     """c in UCB1's mean + c·sqrt(2 ln N / n): 0 = always the best mean so far. Below UCB1's 1
-    because normalised spreads of sensible arms lie close together (~0.6-1) and a run has only a
+    because normalised spreads of sensible arms lie close together and a run has only a
     few hundred iterations to spend."""
     smoothing: float = 0.5
     """EWMA weight of the newest measurement of costs and the training window, in (0, 1]."""
@@ -97,12 +94,6 @@ class PlannerConfig:
         for i, a in enumerate(self.arms):
             if a.candidates < 2:
                 raise ConfigError(f"explore.arms[{i}] ({a.label}): candidates must be >= 2")
-            if a.effective_steps is not None and a.effective_steps < 1:
-                raise ConfigError(f"explore.arms[{i}] ({a.label}): effective steps must be >= 1")
-            if a.effective_steps is not None and a.cache_threshold is not None:
-                raise ConfigError(f"explore.arms[{i}]: effective steps and a cache threshold are exclusive")
-            if a.cache_threshold is not None and not a.cache_threshold > 0:
-                raise ConfigError(f"explore.arms[{i}] ({a.label}): cache threshold must be > 0")
         if len({a.label for a in self.arms}) != len(self.arms):
             raise ConfigError(f"explore.arms has duplicates: {[a.label for a in self.arms]}")
         if self.exploration < 0:
@@ -145,9 +136,6 @@ class Planner:
             if a.candidates < group_size:
                 raise ConfigError(f"explore.arms[{i}] ({a.label}): {a.candidates} candidates cannot fill a "
                                   f"group of run.group_size={group_size}, so it fits no budget")
-            if a.effective_steps is not None and a.effective_steps > steps:
-                raise ConfigError(f"explore.arms[{i}] ({a.label}): effective steps {a.effective_steps} > "
-                                  f"sampler.steps={steps}")
         self.cfg, self.steps = cfg, steps
         n = len(cfg.arms)
         self.pulls = [0] * n  # payoffs observed per arm
@@ -168,7 +156,7 @@ class Planner:
     def observe_cost(self, arm: Arm, *, worker_seconds: float, samples: int, sample_calls: int) -> None:
         """An exploration of `arm`: compute seconds summed over workers, candidate samples scored, and
         sample_calls = sum over those samples of the model calls computed for each (a batch of 16
-        candidates at 10 computed calls = 160; a call the cache reused or an even skip left out
+        candidates at 10 computed calls = 160; a call the cache reused or predicted
         counts 0, so the per-call rate slightly overstates a computed call — the safe side)."""
         i = self.cfg.arms.index(arm)
         if samples < 1 or sample_calls < 0:

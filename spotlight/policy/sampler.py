@@ -292,7 +292,6 @@ def sample(
     steps: int = 20,
     shift: float = 1.0,
     noise_level: float | None = None,
-    effective_steps: int | None = None,
     sde_steps: int | None = None,
     init_seed: int | None = None,
     noise_patch: int = 1,
@@ -310,23 +309,16 @@ def sample(
 
     noise_level None = deterministic Euler ODE (evaluation); a float = the rollout SDE with the same
     (seed, k) draws as `sde_rollout`, so a seed explored here predicts that seed's rollout.
-    `effective_steps` < steps enables step caching: the model runs on that many evenly spread
-    steps and the other steps reuse the last velocity (the idea behind TeaCache), trading fidelity
-    for speed while keeping the seed -> sample mapping.
     """
     ts = timesteps(steps, shift)
-    compute = _cached_steps(steps, effective_steps)
     text = model.encode(prompts)
     k0, x = start if start is not None else (0, initial_noise(seeds, shape, _device(model), init_seed))
     if not 0 <= k0 <= steps:
         raise ValueError(f"start step must be in [0, {steps}], got {k0}")
-    compute.add(k0)  # the first step run has no velocity to reuse
     stochastic = steps if sde_steps is None else sde_steps
-    v = None
     for k in range(k0, steps):
-        if k in compute:
-            t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
-            v = model.velocity(x, t, text)
+        t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
+        v = model.velocity(x, t, text)
         if noise_level is None or k >= stochastic:
             x = x + v * float(ts[k + 1] - ts[k])
         else:
@@ -345,7 +337,6 @@ def sample_policy(
     cfg: SamplerConfig,
     shape,
     *,
-    effective_steps: int | None = None,
     init_seed: int | None = None,
     between_steps: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
@@ -360,7 +351,6 @@ def sample_policy(
         cfg.steps,
         cfg.shift,
         noise_level=cfg.noise_level,
-        effective_steps=effective_steps,
         sde_steps=cfg.sde_steps,
         init_seed=init_seed,
         noise_patch=cfg.noise_patch,
@@ -372,14 +362,6 @@ def sample_policy(
 def sample_ode(model, prompts: list[str], seeds: list[int], cfg: SamplerConfig, shape) -> torch.Tensor:
     """The deterministic sampler users deploy: `cfg.eval_steps` Euler steps of the flow ODE."""
     return sample(model, prompts, seeds, shape, cfg.eval_steps, cfg.shift)
-
-
-def _cached_steps(steps: int, effective: int | None) -> set[int]:
-    if effective is None or effective >= steps:
-        return set(range(steps))
-    if effective < 1:
-        raise ConfigError(f"effective_steps must be >= 1, got {effective}")
-    return {round(i * steps / effective) for i in range(effective)}
 
 
 def _device(model) -> torch.device:

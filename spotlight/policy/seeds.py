@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from spotlight.errors import ConfigError
+from spotlight.policy.caching import StepCache
 from spotlight.policy.planner import DEFAULT_ARMS, Arm, PlannerConfig
 from spotlight.policy.sampler import _mix
 
@@ -32,13 +33,10 @@ class ExploreConfig:
     idle through training), cut off at i+1's rollout."""
     candidates: int = 16
     """M: candidate seeds scored per prompt (when the planner is off)."""
-    effective_steps: int | None = None
-    """E: model evaluations per exploration sample, evenly spread (naive step skipping); None = all
-    rollout steps (when the planner is off)."""
-    cache_threshold: float | None = None
-    """Step caching the field uses: diffusers' first-block cache at this threshold (the later
-    blocks are reused while the first block's residual changes less than this, relatively);
-    None = off. 0.2-0.5 on the tiny model (docs/BENCHMARKS.md, step caching)."""
+    cache: str | None = None
+    """The step cache exploration samples through (when the planner is off): "fbc:T" (diffusers'
+    first-block cache at threshold T) or "taylor:N" (TaylorSeer, attention every N calls);
+    None = full steps (`spotlight.policy.caching.StepCache`)."""
     chunk: int | None = None
     """Candidate seeds per exploration request; None = a prompt's M candidates in one request.
     Smaller chunks spread a prompt over more workers and let a deadline keep part of a prompt."""
@@ -48,9 +46,9 @@ class ExploreConfig:
     runtime run reproduce the in-process one exactly (the equivalence test)."""
     planner: bool = False
     """Let the UCB planner (spotlight.policy.planner) choose (M, steps) per iteration from `arms`
-    under the training-window budget, instead of the fixed candidates/effective_steps/cache_threshold."""
+    under the training-window budget, instead of the fixed candidates/cache."""
     arms: list[str] = field(default_factory=lambda: list(DEFAULT_ARMS))
-    """The planner's arms: "M" (full steps), "MxE" (E evenly spread steps), "M@t" (cache threshold)."""
+    """The planner's arms: "M" (full steps) or "M@CACHE" (M candidates through a step cache)."""
     exploration: float = 0.5
     """The planner's UCB1 coefficient c (0 = greedy)."""
     budget_fraction: float = 0.9
@@ -70,10 +68,11 @@ class ExploreConfig:
             )
         if self.candidates < 2:
             raise ConfigError(f"explore.candidates must be >= 2, got {self.candidates}")
-        if self.effective_steps is not None and self.effective_steps < 1:
-            raise ConfigError(f"explore.effective_steps must be >= 1, got {self.effective_steps}")
-        if self.cache_threshold is not None and not 0 <= self.cache_threshold <= 1:
-            raise ConfigError(f"explore.cache_threshold must be in [0, 1], got {self.cache_threshold}")
+        if self.cache is not None:
+            try:
+                StepCache.parse(self.cache)
+            except ValueError as e:
+                raise ConfigError(f"explore.cache: {e}") from None
         if self.chunk is not None and self.chunk < 1:
             raise ConfigError(f"explore.chunk must be >= 1 or unset, got {self.chunk}")
         if not self.wait_s >= 0:
@@ -99,7 +98,7 @@ class ExploreConfig:
 
     def fixed_arm(self) -> Arm:
         """The arm used when the planner is off."""
-        return Arm(self.candidates, self.effective_steps, self.cache_threshold)
+        return Arm(self.candidates, None if self.cache is None else StepCache.parse(self.cache))
 
     def candidate_counts(self) -> list[int]:
         """Every M this config can choose (the planner's arms, or the fixed one)."""

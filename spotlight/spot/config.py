@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from spotlight.errors import ConfigError
+from spotlight.sections import section
 from spotlight.spot.cost import CostConfig
 from spotlight.spot.replay import Replay, ReplayConfig
 from spotlight.spot.synthetic import SyntheticConfig, synthetic_trace
@@ -122,8 +123,6 @@ class SpotConfig:
     @classmethod
     def from_table(cls, values: dict[str, Any]) -> SpotConfig:
         """From ``[spot]`` (its ``synthetic`` sub-table, or ``synthetic.x`` override keys, included)."""
-        from spotlight.recipe import _section  # the recipe's field and type checks, one copy
-
         own, synth = {}, {}
         for key, value in values.items():
             if key == "synthetic":
@@ -134,8 +133,8 @@ class SpotConfig:
                 synth[key.removeprefix("synthetic.")] = value
             else:
                 own[key] = value
-        config = _section("spot", _Flat, own)
-        return cls(**dataclasses.asdict(config), synthetic=_section("spot.synthetic", SyntheticConfig, synth))
+        config = section("spot", _Flat, own)
+        return cls(**dataclasses.asdict(config), synthetic=section("spot.synthetic", SyntheticConfig, synth))
 
     def to_table(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spotlight.actors.controller.core import ControllerCore, controller_handlers
+from spotlight.actors.controller.core import ControllerCore
+from spotlight.actors.controller.service import controller_handlers
 from spotlight.actors.procs import alive, descendants
 from spotlight.comm.transport import RpcServer
 from spotlight.recipe import load_recipe

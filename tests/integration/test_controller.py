@@ -18,8 +18,8 @@ import zmq
 import zmq.asyncio
 from tiny_recipe import TINY_MODEL
 
-from spotlight.actors.controller.core import ControllerCore, controller_handlers
-from spotlight.actors.controller.service import Controller
+from spotlight.actors.controller.core import ControllerCore
+from spotlight.actors.controller.service import Controller, controller_handlers
 from spotlight.actors.queue.core import RequestQueueCore
 from spotlight.actors.queue.service import QueueService
 from spotlight.actors.store.client import TensorStoreClient

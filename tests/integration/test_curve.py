@@ -20,7 +20,8 @@ import torch
 from tiny_recipe import TINY_MODEL
 
 from spotlight.actors.config import ServeConfig
-from spotlight.actors.controller.core import ControllerCore, controller_handlers
+from spotlight.actors.controller.core import ControllerCore
+from spotlight.actors.controller.service import controller_handlers
 from spotlight.actors.procs import alive
 from spotlight.actors.runtime import LocalRuntime
 from spotlight.comm import messages as m

@@ -43,7 +43,7 @@ def test_batches_in_flight_at_once_each_at_its_version(tmp_path, monkeypatch):
     v0 = work.policy_model(recipe)
     v1 = perturbed(v0, seed=1)
     explore_jobs = [
-        m.ExploreWork(prompt=p, seeds=[11, 12, 13, 14], version=0, effective_steps=2)
+        m.ExploreWork(prompt=p, seeds=[11, 12, 13, 14], version=0, cache="taylor:2")
         for p in ("a red circle", "two blue squares")
     ]
     rollout_jobs = [m.RolloutWork(prompt="a green triangle", seeds=[5, 6, 7, 8], version=1, init_seed=3)]

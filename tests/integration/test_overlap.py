@@ -117,7 +117,7 @@ def test_planner_state_survives_resume(tmp_path):
         *TINY,
         "explore.schedule=overlap",
         "explore.planner=true",
-        'explore.arms=["4", "8", "8x2"]',
+        'explore.arms=["4", "8", "8@taylor:2"]',
         "run.checkpoint_every=2",
         f'run.out_dir="{tmp_path}"',
         'run.name="planned"',

@@ -69,7 +69,7 @@ def run(tmp_path, mode: str, schedule: str, sampler: list[str]) -> tuple[Experim
                 "sampler.shared_init=true",
                 "sampler.sde_steps=2",
                 "sampler.noise_patch=2",
-                "explore.effective_steps=2",
+                'explore.cache="taylor:2"',
             ],
         ),
         # LoRA (the workers build the adapter the trainer trains), the coefficients-preserving SDE and
@@ -82,7 +82,7 @@ def run(tmp_path, mode: str, schedule: str, sampler: list[str]) -> tuple[Experim
                 "sampler.sde_steps=2",  # cps: the last step lands on t=0 and carries no noise
                 "sampler.noise_patch=2",
                 "model.layers=2",
-                "explore.cache_threshold=1.0",
+                'explore.cache="fbc:1.0"',
             ],
         ),  # 1.0: 2 of 3 calls reuse the cache
     ],

@@ -39,7 +39,7 @@ def test_every_registered_message_has_a_supported_schema() -> None:
 
 
 def test_round_trip_scalars_and_nested_messages() -> None:
-    explore = m.ExploreWork(prompt="a cat", seeds=[9, 10], version=4, effective_steps=3)
+    explore = m.ExploreWork(prompt="a cat", seeds=[9, 10], version=4, cache="fbc:0.2")
     grant = m.LeaseGrant(request_id="r", attempt=2, deadline=1.5, lease_s=30.0, batch="it4/explore",
                          work=explore, resume_step=3)
     assert decode(encode(m.LeaseBatch(leases=[grant, grant]))) == m.LeaseBatch(leases=[grant] * 2)

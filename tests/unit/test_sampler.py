@@ -73,31 +73,11 @@ def test_log_prob_matches_direct_gaussian_density(tiny_model):
     assert math.isclose(S.sde_std(ts, 2, 0.8), 0.8 * math.sqrt(0.6 / 0.4) * math.sqrt(0.2), rel_tol=1e-9)
 
 
-def test_ode_is_deterministic_and_caching_changes_cost_not_mapping(tiny_model):
-    prompts, seeds, other_seeds = ["a blue square"] * 2, [5, 6], [7, 8]
+def test_ode_is_deterministic(tiny_model):
+    prompts, seeds = ["a blue square"] * 2, [5, 6]
     a = S.sample(tiny_model, prompts, seeds, SHAPE, steps=6)
     b = S.sample(tiny_model, prompts, seeds, SHAPE, steps=6)
     assert torch.equal(a, b) and a.abs().max() <= 1
-    ts = S.timesteps(6)
-    calls = []
-    orig = tiny_model.velocity
-    tiny_model.velocity = lambda x, t, text: calls.append(float(t[0])) or orig(x, t, text)
-    cached = S.sample(tiny_model, prompts, seeds, SHAPE, steps=6, effective_steps=3)
-    tiny_model.velocity = orig
-    assert calls == [float(torch.tensor(float(ts[k]))) for k in (0, 2, 4)]  # 3 evenly spread steps
-    # Cached output = Euler steps that reuse the last computed velocity, exactly.
-    x, text = S.initial_noise(seeds, SHAPE), tiny_model.encode(prompts)
-    with torch.no_grad():
-        for k in range(6):
-            if k % 2 == 0:
-                v = tiny_model.velocity(x, torch.full((2,), float(ts[k])), text)
-            x = x + v * float(ts[k + 1] - ts[k])
-    assert torch.equal(cached, x.clamp(-1, 1))
-    # ... and close to the uncached sample of the same seeds: it saves compute, the seed -> sample
-    # mapping stays (what exploration relies on). Another seed's sample is far away.
-    other = S.sample(tiny_model, prompts, other_seeds, SHAPE, steps=6)
-    assert not torch.equal(cached, a)
-    assert (cached - a).abs().mean() < 0.1 * (other - a).abs().mean()
 
 
 def test_start_resumes_the_ode_from_a_given_step_and_latent(tiny_model):
@@ -111,10 +91,7 @@ def test_start_resumes_the_ode_from_a_given_step_and_latent(tiny_model):
             x = x + tiny_model.velocity(x, torch.full((2,), float(ts[k])), text) * float(ts[k + 1] - ts[k])
         full = S.sample(tiny_model, prompts, seeds, SHAPE, steps=6)
         resumed = S.sample(tiny_model, prompts, [0, 0], SHAPE, steps=6, start=(2, x))
-        cached = S.sample(tiny_model, prompts, [0, 0], SHAPE, steps=6, effective_steps=3, start=(3, x))
     assert torch.equal(resumed, full)
-    # step 3 is off the cached grid {0, 2, 4}: it must compute its own velocity (none to reuse)
-    assert torch.isfinite(cached).all()
     with pytest.raises(ValueError, match="start step"):
         S.sample(tiny_model, prompts, seeds, SHAPE, steps=6, start=(7, x))
 

@@ -1,25 +1,19 @@
-"""The controller: the reserved side's node registry and the Loop's executor over the runtime.
+"""The controller's logic: ``ControllerCore``, the reserved side's registry of nodes.
 
-- ``ControllerCore``: which nodes are registered; answers a node's Register with the queue and
-  tensor-store addresses, the lease length and the recipe, whose ``runtime`` section holds every
-  runtime knob (so a spot node needs only the controller's address). Node liveness comes from
-  the agents' heartbeats (``NodeBeat``): ``sweep`` declares a node silent for
-  ``runtime.node_lost_s`` lost (a SIGKILLed agent says no goodbye), and the shell has the queue
-  re-queue the leases its workers held at once. Every join and leave is handed to ``on_event``
-  (the cost meter counts GPU-seconds from them). ``controller_handlers`` is its message API.
-- ``Controller``: the async shell: the controller's ``RpcServer`` plus open queue and store
-  clients (CURVE on both sides when keys are given).
-- ``BackgroundLoop``: the trainer (``Loop``) is synchronous torch code on the main thread, so the
-  controller's sockets live on an asyncio loop in one background thread; ``submit`` hands it a
-  coroutine (``call`` also waits for the result), and ``fail`` makes every call raise at once
-  when a supervisor sees an actor die.
-- ``RuntimeExecutor``: the ``loop.Executor`` over the queue: one request per job (a job is one
-  batch, never split, so samples are bit-identical to the in-process reference), wait for the
-  batch, read trajectories from the store and build ``Group``s in job order; ``publish`` puts
-  the trainer's ``state_dict`` into the store as an immutable weights version.
+Owns which nodes are registered and when each was last heard from. It answers a node's Register
+with the queue and tensor-store addresses, the lease length and the recipe, whose ``runtime``
+section holds every runtime knob (so a spot node needs only the controller's address). Liveness
+comes from the agents' heartbeats (``NodeBeat``): ``sweep`` declares a node silent for
+``runtime.node_lost_s`` lost (a SIGKILLed agent says no goodbye); every join and leave is handed to
+``on_event`` (the cost meter counts GPU-seconds from them).
 
-This module knows requests, weights versions and groups; the queue's rules, the store's and the
-workers' math live in their own modules.
+Invariants: ``nodes`` holds the nodes present, ``left`` a record of every leave (with its reason);
+a stall of the reserved side itself is never counted as a node's silence; registrations carry the
+run ``epoch``, so nothing from before a restart is counted.
+
+A plain class under an injectable clock: no sockets, no asyncio. The message API and the process
+shell are in ``service.py``; the trainer's executor over the runtime in ``client.py``. It knows
+nodes and addresses, not requests, leases or weights.
 """
 
 from __future__ import annotations
@@ -135,6 +129,3 @@ class ControllerCore:
             self.left.append(record)
             self._event(event, node_id, record)
 
-
-def controller_handlers(core: ControllerCore) -> dict[type[m.Message], Callable[[Any], Any]]:
-    return {m.Register: core.register, m.Deregister: core.deregister, m.NodeBeat: core.beat}

@@ -1,6 +1,16 @@
-"""The controller's async shell: its ``RpcServer`` plus open queue and store clients
-(``Controller``), and ``BackgroundLoop``, the asyncio loop in a thread that hosts them beside the
-synchronous trainer."""
+"""The controller's service: its message API and process shell around ``ControllerCore``.
+
+- ``controller_handlers(core)``: the message API, one handler per message class (Register,
+  Deregister, NodeBeat);
+- ``Controller``: the async shell — the controller's ``RpcServer`` plus open queue and store
+  clients (CURVE on both sides when keys are given);
+- ``BackgroundLoop``: the trainer (``Loop``) is synchronous torch code on the main thread, so the
+  controller's sockets live on an asyncio loop in one background thread; ``submit`` hands it a
+  coroutine (``call`` also waits for the result), and ``fail`` makes every call raise at once
+  when a supervisor sees an actor die.
+
+Knows sockets, the event loop and threads; the registry's rules are the core's.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +22,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from spotlight.actors.controller.core import ControllerCore, controller_handlers
+from spotlight.actors.controller.core import ControllerCore
 from spotlight.actors.queue.client import QueueClient
 from spotlight.actors.store.client import TensorStoreClient
 from spotlight.comm import messages as m
@@ -21,6 +31,11 @@ from spotlight.comm.transport import RpcClient, RpcServer
 from spotlight.errors import ActorDead, ActorTimeout, SpotlightError
 
 log = logging.getLogger(__name__)
+
+
+def controller_handlers(core: ControllerCore) -> dict[type[m.Message], Callable[[Any], Any]]:
+    """The controller's message API over ``core`` (the shell adds its own Register wrapper)."""
+    return {m.Register: core.register, m.Deregister: core.deregister, m.NodeBeat: core.beat}
 
 
 class Controller:

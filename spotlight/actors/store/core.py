@@ -3,7 +3,8 @@
 Run the service: ``python -m spotlight.actors.store --bind tcp://0.0.0.0:5560``.
 
 ``TensorStoreCore`` is a plain, single-threaded class with no sockets, no event loop and no
-knowledge of the wire; the process shell and the client live in ``store_service.py``. It holds
+knowledge of the wire; the process shell and the client live in ``service.py`` and
+``client.py``. It holds
 three namespaces:
 
 * **keys** — ``put``/``get``/``delete``/``keys``: arbitrary named tensor bundles (trajectories…).
