@@ -148,7 +148,8 @@ class LocalRuntime:
         client_curve = cluster_client_keys(self.serve.keys) if self.serve.keys else None
         services = [("queue", "ready ", c.queue()), ("store", "tensor store ready on ", c.store())]
         for name, ready, config in services:  # both start at once; each readiness is awaited below
-            cmd = [*py, f"spotlight.actors.{name}", "--bind", self._bind(name), *to_argv(config), *keys]
+            port = self.serve.queue_port if name == "queue" else self.serve.store_port
+            cmd = [*py, f"spotlight.actors.{name}", "--bind", self._bind(name, port), *to_argv(config), *keys]
             self.services[name] = self._spawn(name, cmd, ready)
         queue, store = (self._ready(self.services[n], c.service_start_s).split()[-1]
                         for n in ("queue", "store"))
