@@ -48,7 +48,7 @@ from spotlight.policy.grpo import Group, GRPOTrainer
 from spotlight.policy.planner import Arm, Planner
 from spotlight.policy.seeds import candidate_seeds, select_contrast
 from spotlight.recipe import Recipe
-from spotlight.report import MetricsLog, plot_rewards
+from spotlight.report import MetricsLog, TensorBoardLog, plot_rewards
 
 INIT_STREAM = 2_000  # seed stream of a group's shared initial noise
 CHECK_STREAM = 3_000  # which prompts a rank-consistency check re-scores
@@ -190,6 +190,9 @@ class Loop:
             self.metrics.truncate_after(self.start_iteration - 1)
         elif self.metrics.path.exists():
             self.metrics.path.unlink()  # a fresh run owns its folder's metrics
+        arms = tuple(Arm.parse(a).label for a in recipe.explore.arms) if recipe.explore.planner else ()
+        self.tensorboard = TensorBoardLog.open(self.out, r.tensorboard, arms=arms,
+                                               purge_step=self.start_iteration if resume else None)
         self.shape = work.image_shape(recipe)
         self.version = self.start_iteration  # weights version v_i = the weights iteration i starts from
         self.executor = (executor or LocalExecutor)(self.model, recipe, self.version)
@@ -428,6 +431,8 @@ class Loop:
         for hook in self.hooks:  # before the write: a hook may add fields (the runtime's spot fields)
             hook(record)
         self.metrics.write(record)
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
 
     def run(self) -> dict:
         from tqdm import tqdm
@@ -470,6 +475,8 @@ class Loop:
             if out_of_time:
                 break
         bar.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if self.pending is not None:  # a run cut short by run.minutes: nothing left in flight
             self.executor.cancel(self.pending.batch)
             self.pending = None
