@@ -155,6 +155,7 @@ class LocalRuntime:
                         for n in ("queue", "store"))
         core = ControllerCore(self.recipe, self._advertised(queue), self._advertised(store))
         core.on_event = self.account.on_event
+        core.cost = self.account.snapshot
         bind = self._bind("controller", self.serve.port)
         bg = BackgroundLoop(lambda: Controller(core, bind=bind, queue=queue, store=store, curve=curve,
                                                timeout=c.store_timeout_s, client_curve=client_curve),
@@ -325,7 +326,8 @@ class LocalRuntime:
 
         executor = RuntimeExecutor(self.bg, self.controller.queue, self.controller.store,
                                    wait_s=c.batch_timeout_s, rpc_s=c.call_timeout_s,
-                                   explore_workers=explorers, epoch=self.controller.core.epoch)
+                                   explore_workers=explorers, epoch=self.controller.core.epoch,
+                                   progress=self.controller.core.note)
         executor.publish(version, model)
         return executor
 
