@@ -23,6 +23,7 @@ them with the same functions (`spotlight.work`). Baselines are switches of the r
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -190,6 +191,8 @@ class Loop:
             self.metrics.truncate_after(self.start_iteration - 1)
         elif self.metrics.path.exists():
             self.metrics.path.unlink()  # a fresh run owns its folder's metrics
+        self.out.mkdir(parents=True, exist_ok=True)  # the recipe beside the metrics (spotlight report)
+        (self.out / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
         arms = tuple(Arm.parse(a).label for a in recipe.explore.arms) if recipe.explore.planner else ()
         self.tensorboard = TensorBoardLog.open(self.out, r.tensorboard, arms=arms,
                                                purge_step=self.start_iteration if resume else None)
