@@ -8,13 +8,16 @@ set -euo pipefail
 usage() {
   cat <<USAGE
 usage: launch/reserved.sh RECIPE [section.field=value ...] [--port PORT] [--host ADDR]
-                          [--advertise HOST] [--keys DIR] [--resume] [--no-progress]
+                          [--advertise HOST] [--keys DIR] [--queue-port P] [--store-port P]
+                          [--resume] [--no-progress]
 
   RECIPE         recipe file or built-in name (e.g. tiny); runtime.reserved_workers sets the local workers
   --port PORT    controller port spot nodes connect to (default 5555)
   --host ADDR    interface to bind (default 0.0.0.0)
   --advertise H  host name or IP spot nodes reach this node by (default: this host's address)
   --keys DIR     CURVE: DIR/controller.key_secret and DIR/nodes/*.key (see \`spotlight keys\`)
+  --queue-port P, --store-port P   fixed ports for the queue and the store (default: any free;
+                 fix them behind a firewall or a Kubernetes Service: launch/k8s/, launch/skypilot/)
 Stop with Ctrl-C or SIGTERM: every process it started is stopped.
 USAGE
 }

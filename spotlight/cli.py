@@ -8,6 +8,8 @@
     spotlight keys --out keys --name controller
     spotlight reserved tiny --port 5555      # reserved side of a cluster run (launch/reserved.sh)
     spotlight agent --controller tcp://HOST:5555 --workers 2   # a spot node (launch/spot.sh)
+    spotlight status --controller tcp://HOST:5555 --keys keys --watch   # the fleet, live
+    spotlight report runs/tiny               # runs/tiny/report.html, one self-contained page
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from spotlight.errors import SpotlightError
@@ -150,6 +153,31 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--no-progress", action="store_true")
     res.set_defaults(func=_reserved)
 
+    st = sub.add_parser(
+        "status",
+        help="show a running reserved side: nodes, workers, SP groups, queue, leases, phase, cost",
+        description="Ask a running reserved side's controller for the fleet's state, over its "
+        "authenticated socket.",
+    )
+    st.add_argument("--controller", default="tcp://127.0.0.1:5555",
+                    help="the address launch/reserved.sh printed (default tcp://127.0.0.1:5555)")
+    st.add_argument("--keys", help="CURVE folder: a spot node's or the reserved node's (`spotlight keys`)")
+    st.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
+    st.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="S",
+                    help="refresh every S seconds (default 2) until Ctrl-C")
+    st.add_argument("--json", action="store_true", help="print the reply as JSON")
+    st.set_defaults(func=_status)
+
+    rep = sub.add_parser(
+        "report",
+        help="write a run's report: one self-contained HTML page",
+        description="Write RUN_DIR/report.html (recipe, evaluation curve, sample grids, capacity, "
+        "cost, time per iteration), viewable with no network.",
+    )
+    rep.add_argument("run_dir", type=Path, help="a run folder (holds metrics.jsonl), e.g. runs/tiny")
+    rep.add_argument("--out", type=Path, help="where to write (default RUN_DIR/report.html)")
+    rep.set_defaults(func=_report)
+
     from spotlight.actors.node.service import build_parser as agent_parser
 
     agent = sub.add_parser(
@@ -266,6 +294,32 @@ def _reserved(args) -> int:
         exp.on_runtime.append(announce)
         summary = exp.run(resume=args.resume, progress=not args.no_progress)
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _status(args) -> int:
+    import asyncio
+    import dataclasses
+
+    from spotlight.actors.controller.status import fetch_status, format_status
+
+    if args.watch is not None and args.watch <= 0:
+        raise SystemExit("spotlight status: --watch needs a period > 0")
+    while True:
+        reply = asyncio.run(fetch_status(args.controller, keys=args.keys, timeout=args.timeout))
+        text = (json.dumps(dataclasses.asdict(reply), indent=2) if args.json
+                else format_status(reply, args.controller))
+        if args.watch is None:
+            print(text)
+            return 0
+        print("\x1b[H\x1b[2J" + text if sys.stdout.isatty() else text + "\n", flush=True)
+        time.sleep(args.watch)
+
+
+def _report(args) -> int:
+    from spotlight.run_report import write_report
+
+    print(write_report(args.run_dir, args.out))
     return 0
 
 

@@ -23,6 +23,7 @@ them with the same functions (`spotlight.work`). Baselines are switches of the r
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -48,7 +49,7 @@ from spotlight.policy.grpo import Group, GRPOTrainer
 from spotlight.policy.planner import Arm, Planner
 from spotlight.policy.seeds import candidate_seeds, select_contrast
 from spotlight.recipe import Recipe
-from spotlight.report import MetricsLog, plot_rewards
+from spotlight.report import MetricsLog, TensorBoardLog, plot_rewards
 
 INIT_STREAM = 2_000  # seed stream of a group's shared initial noise
 CHECK_STREAM = 3_000  # which prompts a rank-consistency check re-scores
@@ -190,6 +191,11 @@ class Loop:
             self.metrics.truncate_after(self.start_iteration - 1)
         elif self.metrics.path.exists():
             self.metrics.path.unlink()  # a fresh run owns its folder's metrics
+        self.out.mkdir(parents=True, exist_ok=True)  # the recipe beside the metrics (spotlight report)
+        (self.out / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
+        arms = tuple(Arm.parse(a).label for a in recipe.explore.arms) if recipe.explore.planner else ()
+        self.tensorboard = TensorBoardLog.open(self.out, r.tensorboard, arms=arms,
+                                               purge_step=self.start_iteration if resume else None)
         self.shape = work.image_shape(recipe)
         self.version = self.start_iteration  # weights version v_i = the weights iteration i starts from
         self.executor = (executor or LocalExecutor)(self.model, recipe, self.version)
@@ -427,6 +433,8 @@ class Loop:
         for hook in self.hooks:  # before the write: a hook may add fields (the runtime's spot fields)
             hook(record)
         self.metrics.write(record)
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
 
     def run(self) -> dict:
         from tqdm import tqdm
@@ -469,6 +477,8 @@ class Loop:
             if out_of_time:
                 break
         bar.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if self.pending is not None:  # a run cut short by run.minutes: nothing left in flight
             self.executor.cancel(self.pending.batch)
             self.pending = None

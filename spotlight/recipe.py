@@ -57,6 +57,9 @@ class RunConfig:
     device: str = "auto"
     """Where the model, sampler, trainer and workers compute: 'auto' (CUDA when a device works,
     probed by using it; else the CPU), 'cpu', or 'cuda' (an error when none works)."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to ``<out_dir>/<name>/tensorboard/`` beside metrics.jsonl
+    (when the ``tensorboard`` package is installed; false: never)."""
 
     def __post_init__(self) -> None:
         for name in (

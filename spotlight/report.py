@@ -1,4 +1,4 @@
-"""What a run leaves behind: metrics JSONL, sample-grid PNGs and the reward plot.
+"""What a run leaves behind: metrics JSONL, TensorBoard events, sample-grid PNGs and the reward plot.
 
 Only writes files; knows nothing of how the numbers were produced.
 """
@@ -146,3 +146,96 @@ def plot_exploration(ax, train: list[dict]) -> None:
         twin.set_ylabel("Spearman, stale/cached vs fresh/full", color="C2")
     ax.set_title(f"exploration ({train[0].get('schedule', '?')})", fontsize=9)
     ax.grid(alpha=0.3)
+
+
+TB_SCALARS = (  # metrics key -> TensorBoard tag, for the records that carry it
+    ("reward_mean", "reward/mean"),
+    ("group_spread", "reward/group_spread"),
+    ("eval_ode_heldout", "eval/ode_heldout"),
+    ("eval_ode_heldout_std", "eval/ode_heldout_spread"),
+    ("eval_ode_train", "eval/ode_train"),
+    ("eval_sde_train", "eval/sde_train"),
+    ("fm_drift", "eval/fm_drift"),
+    ("lr", "train/lr"),
+    ("loss", "train/loss"),
+    ("kl", "train/kl"),
+    ("grad_norm", "train/grad_norm"),
+    ("spot_nodes", "spot/nodes"),
+    ("preemptions", "spot/preemptions"),
+    ("steps_lost", "spot/steps_lost"),
+    ("requests_resumed", "spot/requests_resumed"),
+    ("gpu_s_reserved", "cost/gpu_s_reserved"),
+    ("gpu_s_spot", "cost/gpu_s_spot"),
+    ("cost_usd", "cost/usd"),
+    ("rollout_s", "time/rollout_s"),
+    ("train_s", "time/train_s"),
+    ("explore_s", "time/explore_wait_s"),
+    ("iteration_s", "time/iteration_s"),
+)
+
+
+class TensorBoardLog:
+    """TensorBoard event files in a run folder, beside ``metrics.jsonl``: every record's scalars
+    (``TB_SCALARS``, plus the exploration share, GPU-seconds and the planner's arm as its index in
+    ``arms``) at step = the record's iteration, and each evaluation's sample grids as images.
+
+    ``open`` returns None when asked not to write or when the ``tensorboard`` package is absent
+    (torch's ``SummaryWriter`` needs it). ``purge_step``: a resumed run's first iteration; events
+    logged at or past it by the interrupted run are dropped by TensorBoard's reader."""
+
+    def __init__(self, out: Path, purge_step: int | None = None, arms: tuple[str, ...] = ()) -> None:
+        self.out, self.arms, self.purge_step = out, arms, purge_step
+        self._writer = None  # opened by the first record: a Loop built only to evaluate writes nothing
+
+    @property
+    def writer(self):
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            if self.purge_step is None:  # a fresh run owns its folder's events, as it owns metrics.jsonl
+                for old in (self.out / "tensorboard").glob("events.out.tfevents.*"):
+                    old.unlink()
+            self._writer = SummaryWriter(log_dir=str(self.out / "tensorboard"), purge_step=self.purge_step)
+            if self.arms:
+                self._writer.add_text("explore/arms", "planner_arm index: " + ", ".join(
+                    f"{i} = {a}" for i, a in enumerate(self.arms)), 0)
+        return self._writer
+
+    @classmethod
+    def open(cls, out: Path, enabled: bool, purge_step: int | None = None,
+             arms: tuple[str, ...] = ()) -> TensorBoardLog | None:
+        if not enabled:
+            return None
+        try:
+            import tensorboard  # noqa: F401  (only whether it is there)
+        except ImportError:
+            return None
+        return cls(out, purge_step, arms)
+
+    def write(self, record: dict) -> None:
+        step, add = int(record.get("iteration", 0)), self.writer.add_scalar
+        for key, tag in TB_SCALARS:
+            value = record.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                add(tag, value, step)
+        if record.get("event") == "iteration":
+            if record.get("iteration_s"):
+                add("explore/trainer_wait_share", record["explore_s"] / record["iteration_s"], step)
+            if "gpu_s_reserved" in record:
+                add("cost/gpu_s", record["gpu_s_reserved"] + record.get("gpu_s_spot", 0.0), step)
+            arm = record.get("plan_arm")
+            if arm is not None and arm in self.arms:
+                add("explore/planner_arm", self.arms.index(arm), step)
+        if record.get("event") == "eval":
+            for suffix, tag in (("", "samples/ode_heldout"), ("_train", "samples/ode_train"),
+                                ("_sde", "samples/sde_train")):
+                grid = self.out / "samples" / f"eval_{step:04d}{suffix}.png"
+                if grid.exists():
+                    self.writer.add_image(tag, np.asarray(Image.open(grid).convert("RGB")), step,
+                                          dataformats="HWC")
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

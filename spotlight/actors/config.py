@@ -243,7 +243,12 @@ class ServeConfig:
     """Host name or IP spot nodes reach this node by (default: the host, or this machine's address)."""
     keys: str | None = None
     """CURVE folder: controller.key_secret + nodes/*.key; every reserved socket then authenticates."""
+    queue_port: int = 0
+    """Request-queue port (0: any free port; fix it where a firewall or a Kubernetes Service names it)."""
+    store_port: int = 0
+    """Tensor-store port (0: any free port; fix it where a firewall or a Kubernetes Service names it)."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port < 65536:
-            raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("port", "queue_port", "store_port"):
+            if not 0 <= getattr(self, name) < 65536:
+                raise ConfigError(f"{name} must be in [0, 65535], got {getattr(self, name)}")

@@ -146,12 +146,14 @@ class LocalRuntime:
         client_curve = cluster_client_keys(self.serve.keys) if self.serve.keys else None
         services = [("queue", "ready ", c.queue()), ("store", "tensor store ready on ", c.store())]
         for name, ready, config in services:  # both start at once; each readiness is awaited below
-            cmd = [*py, f"spotlight.actors.{name}", "--bind", self._bind(name), *to_argv(config), *keys]
+            port = self.serve.queue_port if name == "queue" else self.serve.store_port
+            cmd = [*py, f"spotlight.actors.{name}", "--bind", self._bind(name, port), *to_argv(config), *keys]
             self.services[name] = self._spawn(name, cmd, ready)
         queue, store = (self._ready(self.services[n], c.service_start_s).split()[-1]
                         for n in ("queue", "store"))
         core = ControllerCore(self.recipe, self._advertised(queue), self._advertised(store))
         core.on_event = self.account.on_event
+        core.cost = self.account.snapshot
         bind = self._bind("controller", self.serve.port)
         bg = BackgroundLoop(lambda: Controller(core, bind=bind, queue=queue, store=store, curve=curve,
                                                timeout=c.store_timeout_s, client_curve=client_curve),
@@ -321,7 +323,8 @@ class LocalRuntime:
 
         executor = RuntimeExecutor(self.bg, self.controller.queue, self.controller.store,
                                    wait_s=c.batch_timeout_s, rpc_s=c.call_timeout_s,
-                                   explore_workers=explorers, epoch=self.controller.core.epoch)
+                                   explore_workers=explorers, epoch=self.controller.core.epoch,
+                                   progress=self.controller.core.note)
         executor.publish(version, model)
         return executor
 

@@ -650,6 +650,31 @@ class NodeBeat(Message):
     node_id: str
 
 
+@register("c.status")
+@dataclass(kw_only=True, slots=True)
+class FleetStatus(Message):
+    """Ask the controller for the fleet's state (``spotlight status``); replied with FleetStatusReply."""
+
+
+@register("c.status_reply")
+@dataclass(kw_only=True, slots=True)
+class FleetStatusReply(Message):
+    """The reserved side as an operator sees it. ``nodes``: one map per registered node (node_id,
+    kind, workers, sp_groups, up_s, beat_s: seconds since its last heartbeat); ``left``: nodes
+    gone so far (left or lost); ``queue``: the request queue's counters (``now_queued``,
+    ``now_leased``, ...), empty when the queue did not answer; ``progress``: iteration, phase and
+    weights version of the trainer; ``cost``: GPU-seconds, dollars, preemptions so far."""
+
+    run: str
+    epoch: int
+    sp_degree: int
+    nodes: list[dict[str, Any]]
+    left: int
+    queue: dict[str, Any]
+    progress: dict[str, Any]
+    cost: dict[str, Any]
+
+
 # --- node agent <-> its GPU workers (ipc on one node) ------------------------------------------------
 @register("w.run")
 @dataclass(kw_only=True, slots=True)

@@ -45,8 +45,12 @@ class RuntimeExecutor:
 
     def __init__(self, loop: BackgroundLoop, queue: QueueClient, store: TensorStoreClient, *,
                  wait_s: float, rpc_s: float, explore_workers: Callable[[], int] = lambda: 1,
-                 epoch: int | None = None) -> None:
+                 epoch: int | None = None,
+                 progress: Callable[..., None] = lambda phase, **fields: None) -> None:
         self.bg, self.queue, self.store = loop, queue, store
+        self._progress = progress
+        """Told the trainer's phase: "rollout" and "train" of an iteration, "publish" of a version,
+        then "between iterations" (``ControllerCore.note``, for ``spotlight status``)."""
         self.epoch = "" if epoch is None else f"@{epoch}"
         """Suffix of every request id: the run epoch, so a result of an attempt from before a
         restart (``--resume``) names a request the new queue never had, and is refused."""
@@ -126,6 +130,9 @@ class RuntimeExecutor:
 
     def rollout(self, batch: str, jobs: list[m.RolloutWork]) -> concurrent.futures.Future:
         """Handle of each job's ``Group``, in job order."""
+        head = batch.split("/", 1)[0]
+        it = int(head[2:]) if head.startswith("it") and head[2:].isdigit() else None
+        self._progress("rollout", iteration=it)
 
         async def read(results: list[m.RolloutResult]) -> list[Group]:
             keys = [r.key for r in results]
@@ -135,6 +142,7 @@ class RuntimeExecutor:
                 for job, t in zip(jobs, trajs, strict=True)
             ]
             self._free(keys)
+            self._progress("train", iteration=it)
             return groups
 
         return self._submit(batch, jobs, read)
@@ -152,6 +160,8 @@ class RuntimeExecutor:
     def publish(self, version: int, model) -> None:
         """Put ``model``'s weights into the store as ``version`` (and settle earlier deletes)."""
         t0 = time.perf_counter()
+        self._progress("publish", version=version)
         tensors = {k: v.detach().cpu().contiguous().numpy() for k, v in model.state_dict().items()}
         self.bg.call(self._publish(version, tensors), timeout=self.rpc_s)
+        self._progress("between iterations (seeds, evaluation, checkpoint)")
         self.timings.append({"kind": "publish", "version": version, "wall_s": time.perf_counter() - t0})

@@ -48,6 +48,12 @@ class ControllerCore:
         self.left: list[dict[str, Any]] = []
         self.on_event: Callable[[str, str, dict[str, Any]], None] | None = None
         """Called as (event "join" | "leave" | "lost", node_id, the node's record with "reason")."""
+        self.run_name, self.sp_degree = recipe.run.name, recipe.runtime.sp_degree
+        self.progress: dict[str, Any] = {"phase": "starting", "iteration": None, "version": None,
+                                         "since": time.time()}
+        """What the trainer is doing (``note``): shown by ``spotlight status``."""
+        self.cost: Callable[[], dict[str, Any]] = dict
+        """GPU-seconds, dollars and preemptions so far (the runtime's ``SpotAccount.snapshot``)."""
 
     def _event(self, event: str, node_id: str, node: dict[str, Any]) -> None:
         if self.on_event is not None:
@@ -121,6 +127,21 @@ class ControllerCore:
         if request_ids:
             log.warning("node %s gone: %d leases re-queued (%s)", node_id, len(request_ids),
                         ", ".join(request_ids[:8]))
+
+    def note(self, phase: str, **fields: Any) -> None:
+        """The trainer entered ``phase`` (e.g. "rollout" of iteration 3); ``fields`` update
+        iteration / version."""
+        self.progress.update(fields, phase=phase, since=time.time())
+
+    def status(self, queue: dict[str, Any]) -> m.FleetStatusReply:
+        """The fleet now, with the queue's counters ``queue`` (fetched by the shell)."""
+        now, wall = self.clock(), time.time()
+        nodes = [{"node_id": n, "kind": r["kind"], "workers": r["workers"],
+                  "sp_groups": r["workers"] // self.sp_degree, "up_s": round(wall - r["since"], 1),
+                  "beat_s": round(now - r["seen"], 1)} for n, r in sorted(self.nodes.items())]
+        return m.FleetStatusReply(run=self.run_name, epoch=self.epoch, sp_degree=self.sp_degree,
+                                  nodes=nodes, left=len(self.left), queue=queue,
+                                  progress=dict(self.progress), cost=self.cost())
 
     def _leave(self, node_id: str, reason: str, event: str = "leave") -> None:
         node = self.nodes.pop(node_id, None)

@@ -32,6 +32,10 @@ from spotlight.errors import ActorDead, ActorTimeout, SpotlightError
 
 log = logging.getLogger(__name__)
 
+STATUS_QUEUE_S = 2.0
+"""How long a status request waits for the queue's counters (a status must answer while the
+queue is busy; it then shows none)."""
+
 
 def controller_handlers(core: ControllerCore) -> dict[type[m.Message], Callable[[Any], Any]]:
     """The controller's message API over ``core`` (the shell adds its own Register wrapper)."""
@@ -55,7 +59,8 @@ class Controller:
 
     async def __aenter__(self) -> Controller:
         async with contextlib.AsyncExitStack() as stack:
-            handlers = {**controller_handlers(self.core), m.Register: self._register}
+            handlers = {**controller_handlers(self.core), m.Register: self._register,
+                        m.FleetStatus: self._status}
             server = await stack.enter_async_context(
                 RpcServer(handlers, bind=self._bind, curve=self._curve))
             self.endpoint = server.endpoint
@@ -87,6 +92,17 @@ class Controller:
         if again:
             await self._requeue(msg.node_id)
         return reply
+
+    async def _status(self, msg: m.FleetStatus) -> m.FleetStatusReply:
+        """The fleet's state; the queue's counters are left empty when it does not answer in time."""
+        assert self.queue is not None
+        try:
+            async with asyncio.timeout(STATUS_QUEUE_S):
+                queue = (await self.queue.stats()).stats
+        except (SpotlightError, TimeoutError) as e:
+            log.warning("status: the queue did not answer: %s", e)
+            queue = {}
+        return self.core.status(queue)
 
     async def _requeue(self, node_id: str) -> None:
         assert self.queue is not None
