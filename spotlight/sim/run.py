@@ -52,7 +52,6 @@ class SimRun:
         sim, rt, sp = recipe.sim, recipe.runtime, recipe.spot
         self.timing = sim.timing()
         self.gpus_per_node = sim.gpus_per_node or sp.workers_per_node
-        rt.check_node_workers(self.gpus_per_node, "sim.gpus_per_node")
         self.replay = spot_replay(sp)
         if self.replay is not None:
             most = max(n for _, n in self.replay.steps()) * self.gpus_per_node
@@ -60,6 +59,7 @@ class SimRun:
                 raise ConfigError(f"spot trace {self.replay.trace.source}: at most {most} spot GPUs "
                                   f"({self.gpus_per_node} per node), fewer than one SP group of "
                                   f"runtime.sp_degree={rt.sp_degree}")
+        rt.check_node_workers(self.gpus_per_node, "sim.gpus_per_node")
         self.clock = VirtualClock()
         self.account = SpotAccount(sp.cost_config(), clock=self.clock,
                                    trace_spot_price=self.replay.trace.spot_price if self.replay else None)
