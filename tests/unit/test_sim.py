@@ -145,3 +145,21 @@ def test_virtual_clock_orders_and_cancels():
     assert seen == [("a", 1.0)] and c() == 1.5
     c.run()
     assert seen[-1] == ("b", 2.0)
+
+
+def test_synthetic_bursts_cluster_removals():
+    from spotlight.spot.synthetic import SyntheticConfig, synthetic_trace
+
+    def close_share(trace):
+        rem = [e.time_s for e in trace.events if e.action == "remove"]
+        gaps = [b - a for a, b in zip(rem, rem[1:])]
+        return sum(g <= 180 for g in gaps) / len(gaps)
+
+    base = dict(seed=3, max_nodes=8, preemption_rate=0.3, arrival_rate=3.0, duration_s=6 * 3600)
+    plain = synthetic_trace(SyntheticConfig(**base))
+    bursty = synthetic_trace(SyntheticConfig(**base, burst_fraction=0.5))
+    assert bursty == synthetic_trace(SyntheticConfig(**base, burst_fraction=0.5))  # seeded
+    assert close_share(bursty) >= 0.5 > 0.2 >= close_share(plain)
+    assert "bursts 0.5" in bursty.source
+    with pytest.raises(ConfigError, match="burst_size must be >= 2, got 1"):
+        SyntheticConfig(burst_fraction=0.5, burst_size=1)
