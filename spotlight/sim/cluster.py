@@ -308,6 +308,7 @@ class SimNode:
         if self.state not in ("serving", "leaving"):
             return
         steps = {run.lease.request_id: run for run in self.runs.values()}
+        freed = False
         for rid, lease in list(self.leases.items()):
             run = steps.get(rid)
             step = None
@@ -325,8 +326,11 @@ class SimNode:
                 if run is not None:
                     self._drop(run.epoch)
                 self._do(self.sched.cancel(rid))
-        self._do(self.sched.tick())
-        self.pull()
+                freed = True
+        cmds = self.sched.tick()
+        self._do(cmds)
+        if freed or cmds:  # members came free (dropped work, a stalled group broken): pull for them
+            self.pull()
 
     # --- bookkeeping ------------------------------------------------------------------------------
     def _log_steps(self, run: _Run, upto: int) -> None:
