@@ -99,14 +99,23 @@ class SimNode:
         self.runs: dict[int, _Run] = {}
         self.timers: list[Timer] = []
         self.loaded_at: dict[tuple[str, int], float] = {}  # (worker, version) -> when it holds it
+        self.warm = self.registered = False
 
     # --- lifetime --------------------------------------------------------------------------------
     def start(self, warm: bool) -> None:
-        """Register now; serve once the node has started and loaded the model (at once if warm)."""
-        c = self.c
+        """The node boots (``node_start_s``; at once if warm), its agent registers (the cost meter
+        counts it from then on, as the runtime's does), its workers load the model
+        (``cold_load_s``; at once if warm), then it serves."""
+        self.warm = warm
+        boot = 0.0 if warm else self.c.timing.node_start_s
+        self.timers.append(self.c.clock.call_later(boot, self._register))
+
+    def _register(self) -> None:
+        if self.state != "starting":
+            return
+        c, self.registered = self.c, True
         c.controller.register(m.Register(node_id=self.node_id, kind=self.kind, workers=self.gpus))
-        delay = 0.0 if warm else c.timing.node_start_s + c.timing.cold_load_s
-        self.timers.append(c.clock.call_later(delay, self._ready))
+        self.timers.append(c.clock.call_later(0.0 if self.warm else c.timing.cold_load_s, self._ready))
         self.timers.append(c.clock.call_later(c.recipe.runtime.node_beat_s, self._beat))
 
     def _ready(self) -> None:
@@ -130,6 +139,9 @@ class SimNode:
     def notice(self) -> None:
         """SIGTERM: every group stops at its next step boundary (commit flushed), leases released."""
         if self.state in ("leaving", "gone"):
+            return
+        if not self.registered:  # still booting: it goes without ever having joined
+            self._gone()
             return
         self.state = "leaving"
         now, last = self.c.clock(), self.c.clock()
@@ -156,7 +168,8 @@ class SimNode:
         if self.state == "gone":
             return
         self._gone()
-        self.c.controller.deregister(m.Deregister(node_id=self.node_id, reason="leaving"))
+        if self.registered:
+            self.c.controller.deregister(m.Deregister(node_id=self.node_id, reason="leaving"))
         self.c.wake()
 
     def kill(self) -> None:
