@@ -55,14 +55,15 @@ def run(*extra: str, ops: bool = False):
     return sim, summary, time.perf_counter() - t
 
 
-def mean(records, key, skip=1):
-    xs = [r[key] for r in records[skip:] if r.get(key) is not None]
+def mean(records, key, skip=1, stop=None):
+    xs = [r[key] for r in records[skip:stop] if r.get(key) is not None]
     return statistics.fmean(xs) if xs else float("nan")
 
 
 def scale() -> None:
     print("# scale: fixed spot pool, 2 samples per spot GPU per iteration, trainer = 8 reserved H200s;")
-    print("# means over iterations 1-7; 'idle overlap' over 6-7, once the planner tried its 5 arms")
+    print("# means over iterations 1-7; 'idle overlap' over 5-6, once the planner tried its 5 arms (the")
+    print("# last iteration explores nothing: no next iteration)")
     print(f"{'res':>5} {'spot':>5} {'samples/s':>9} {'eff':>6} {'rollout s':>9} {'train s':>8} {'iter s':>8} "
           f"{'expl crit% overlap':>18} {'expl crit% critical':>19} {'idle off':>8} {'idle overlap':>12} arm")
     for res in (1280, 512):
@@ -80,7 +81,7 @@ def scale() -> None:
             print(f"{res:>5} {n:>5} {thr:>9.3f} {thr / n / base:>6.1%} {mean(ovl, 'rollout_s'):>9.1f} "
                   f"{mean(ovl, 'train_s'):>8.1f} {mean(ovl, 'iteration_s'):>8.1f} {share:>17.2f}% "
                   f"{share_c:>18.1f}% "
-                  f"{mean(off, 'spot_idle_training'):>8.1%} {mean(ovl, 'spot_idle_training', 6):>12.1%} "
+                  f"{mean(off, 'spot_idle_training'):>8.1%} {mean(ovl, 'spot_idle_training', 5, 7):>12.1%} "
                   f"{ovl[-1].get('explore_arm')}")
 
 
