@@ -6,7 +6,8 @@ clock, with workers timed by a model instead of computing (DESIGN.md §7, the ``
 - ``clock.py``: the virtual clock and its event loop;
 - ``timing.py``: seconds per step / update / weight load / node start, per model profile and GPU;
 - ``config.py``: the recipe's ``[sim]`` section;
-- ``cluster.py``: the cores and the simulated nodes;
+- ``cluster.py``: the cores, the store's link, the injector's target;
+- ``node.py``: a simulated node (the agent's shell around the group scheduler and weights holders);
 - ``run.py``: the iteration driver (``SimRun``, ``simulate``).
 
 Every figure it produces is labelled ``sim``; it never stands in for a test of the math.
