@@ -114,7 +114,8 @@ def synthetic_trace(config: SyntheticConfig) -> Trace:
             node = present.pop(rng.randrange(n))
             burst = [b for b in burst if b[1] != node]
             events.append(CapacityEvent(t, "remove", node))
-            if rng.random() < config.burst_fraction:
+            # (no draw when bursts are off: a seed gives the trace it gave before bursts existed)
+            if config.burst_fraction > 0 and rng.random() < config.burst_fraction:
                 pending = {b[1] for b in burst}
                 others = [x for x in present if x not in pending]
                 room = max(0, len(present) - config.min_nodes - len(pending))
