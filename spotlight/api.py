@@ -56,6 +56,11 @@ class Experiment:
         hooks = [self.records.append, *self._hooks]
         if resume:  # no checkpoint: one line, before anything is started or written
             checkpoint.latest(Path(self.recipe.run.out_dir) / self.recipe.run.name / "checkpoints")
+        if self.recipe.run.mode == "sim":  # the control plane on a virtual clock: no model, no processes
+            from spotlight.sim.run import SimRun
+
+            self.loop = SimRun(self.recipe, hooks)
+            return self.loop.run()
         if self.recipe.run.mode == "in-process":
             self.loop = Loop(self.recipe, resume=resume, hooks=hooks, progress=progress)
             return self.loop.run()

@@ -23,6 +23,7 @@ from spotlight.policy.sampler import SamplerConfig
 from spotlight.policy.seeds import ExploreConfig
 from spotlight.rewards.config import RewardConfig
 from spotlight.sections import section
+from spotlight.sim.config import SimConfig
 from spotlight.spot.config import SpotConfig
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
@@ -53,7 +54,8 @@ class RunConfig:
     out_dir: str = "runs"
     checkpoint_every: int = 10
     mode: str = "in-process"
-    """'in-process' (the reference loop) or 'runtime' (actors in local processes; ``[runtime]``)."""
+    """'in-process' (the reference loop), 'runtime' (actors in local processes; ``[runtime]``) or
+    'sim' (the control plane on a virtual clock, workers timed by a model; ``[sim]``)."""
     device: str = "auto"
     """Where the model, sampler, trainer and workers compute: 'auto' (CUDA when a device works,
     probed by using it; else the CPU), 'cpu', or 'cuda' (an error when none works)."""
@@ -77,8 +79,8 @@ class RunConfig:
             raise ConfigError(f"run.group_size must be >= 2 (GRPO needs a group), got {self.group_size}")
         if self.minutes is not None and self.minutes <= 0:
             raise ConfigError(f"run.minutes must be > 0, got {self.minutes}")
-        if self.mode not in ("in-process", "runtime"):
-            raise ConfigError(f"run.mode must be 'in-process' or 'runtime', got {self.mode!r}")
+        if self.mode not in ("in-process", "runtime", "sim"):
+            raise ConfigError(f"run.mode must be 'in-process', 'runtime' or 'sim', got {self.mode!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"run.device must be one of auto, cpu, cuda, got {self.device!r}")
 
@@ -93,6 +95,7 @@ class Recipe:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     spot: SpotConfig = field(default_factory=SpotConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
 
     def __post_init__(self) -> None:
         if self.runtime.sp_degree > 1:  # groups split the heads and the image tokens

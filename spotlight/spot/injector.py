@@ -99,11 +99,16 @@ class FaultInjector:
 
     ``warning_s``: run seconds from a notice to the SIGKILL; ``hard_kill_fraction``: share of
     removals that are a SIGKILL with no notice; ``notice_via``: "sigterm" or "metadata";
-    ``expect``: called with a node id before it is taken away (the run's accounting)."""
+    ``expect``: called with a node id before it is taken away (the run's accounting).
+    ``clock`` and ``call_later`` (delay, callback): the time source and the timer of the warning's
+    SIGKILL; defaults: the monotonic clock and a thread per notice. The simulator
+    (``spotlight.sim``) passes its virtual clock's and plays events with ``apply``."""
 
     def __init__(self, nodes: Nodes, events: list[CapacityEvent], *, warning_s: float,
                  hard_kill_fraction: float = 0.0, notice_via: str = "sigterm", cloud: str = "aws",
-                 seed: int = 0, expect: Callable[[str], None] | None = None) -> None:
+                 seed: int = 0, expect: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 call_later: Callable[[float, Callable[[], None]], object] | None = None) -> None:
         self.nodes, self.events = nodes, sorted(events, key=lambda e: e.time_s)
         self.warning_s, self.hard_kill_fraction, self.notice_via = warning_s, hard_kill_fraction, notice_via
         self.cloud, self.expect = cloud, expect or (lambda node: None)
@@ -117,7 +122,8 @@ class FaultInjector:
         self.log: list[dict] = []
         """Every action taken: {"t": run s, "action": add|notice|kill|hard_kill|..., "node": id}."""
         self.error: BaseException | None = None
-        self._t0 = time.monotonic()
+        self.clock, self.call_later = clock, call_later
+        self._t0 = clock()
 
     # --- the schedule ----------------------------------------------------------------------------
     @property
@@ -126,7 +132,7 @@ class FaultInjector:
 
     def start(self) -> FaultInjector:
         """Play the schedule on a thread from now (run second 0 = now)."""
-        self._t0 = time.monotonic()
+        self._t0 = self.clock()
         self._thread = threading.Thread(target=self._play, name="fault-injector", daemon=True)
         self._thread.start()
         return self
@@ -139,7 +145,7 @@ class FaultInjector:
     def _play(self) -> None:
         try:
             for event in self.events:
-                if self._stop.wait(max(0.0, self._t0 + event.time_s - time.monotonic())):
+                if self._stop.wait(max(0.0, self._t0 + event.time_s - self.clock())):
                     return
                 self._apply(event)
         except BaseException as e:  # reported by stop() to the owner, never swallowed
@@ -158,7 +164,12 @@ class FaultInjector:
 
     def _record(self, action: str, node: str) -> None:
         with self._lock:
-            self.log.append({"t": round(time.monotonic() - self._t0, 3), "action": action, "node": node})
+            self.log.append({"t": round(self.clock() - self._t0, 3), "action": action, "node": node})
+
+    def apply(self, event: CapacityEvent) -> None:
+        """Act on one event now (the schedule's thread does this at each event's time; a caller
+        with its own clock calls it instead of ``start``)."""
+        self._apply(event)
 
     def _apply(self, event: CapacityEvent) -> None:
         if event.action == "add":
@@ -191,12 +202,18 @@ class FaultInjector:
         else:
             self.nodes.signal_node(node_id, signal.SIGTERM)
         self._record("notice", node_id)
+        if self.call_later is not None:
+            self.call_later(self.warning_s, lambda: self._kill_if_alive(node_id))
+            return
         threading.Thread(target=self._kill_after_warning, args=(node_id,), name=f"warning {node_id}",
                          daemon=True).start()
 
     def _kill_after_warning(self, node_id: str) -> None:
         if self._stop.wait(self.warning_s):
             return
+        self._kill_if_alive(node_id)
+
+    def _kill_if_alive(self, node_id: str) -> None:
         if self.nodes.node_alive(node_id):
             self.nodes.signal_node(node_id, signal.SIGKILL)
             self._record("kill_after_warning", node_id)

@@ -26,8 +26,11 @@ def capacity_series(events: list[dict[str, Any]], kind: str = "spot") -> tuple[l
     return times, counts
 
 
-def plot_spot(events: list[dict[str, Any]], records: list[dict[str, Any]], path: Path) -> None:
-    """Write the two panels to ``path`` (PNG); an event with ``preempted`` true is a preemption."""
+def plot_spot(events: list[dict[str, Any]], records: list[dict[str, Any]], path: Path,
+              label: str | None = None) -> None:
+    """Write the two panels to ``path`` (PNG); an event with ``preempted`` true is a preemption.
+    ``label`` (e.g. "sim") prefixes both titles; records without ``reward_mean`` (a simulated run)
+    get cost against run seconds in the right panel instead."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,14 +48,22 @@ def plot_spot(events: list[dict[str, Any]], records: list[dict[str, Any]], path:
     cap.plot(ends, [-0.15] * len(ends), "|", color="gray", label="iteration ends")
     cap.set_xlabel("run seconds")
     cap.set_ylabel("spot nodes present")
-    cap.set_title("spot capacity")
+    prefix = f"{label}: " if label else ""
+    cap.set_title(f"{prefix}spot capacity")
     cap.legend(loc="upper right", fontsize=8)
     iters = [r for r in records if r.get("event") == "iteration" and "cost_usd" in r]
-    cost.plot([r["cost_usd"] for r in iters], [r["reward_mean"] for r in iters], marker=".",
-              color="tab:green")
-    cost.set_xlabel("cost so far ($)")
-    cost.set_ylabel("rollout reward (mean)")
-    cost.set_title("reward against cost")
+    if all("reward_mean" in r for r in iters):
+        cost.plot([r["cost_usd"] for r in iters], [r["reward_mean"] for r in iters], marker=".",
+                  color="tab:green")
+        cost.set_xlabel("cost so far ($)")
+        cost.set_ylabel("rollout reward (mean)")
+        cost.set_title(f"{prefix}reward against cost")
+    else:
+        cost.plot([r.get("spot_elapsed_s", 0.0) for r in iters], [r["cost_usd"] for r in iters], marker=".",
+                  color="tab:green")
+        cost.set_xlabel("run seconds")
+        cost.set_ylabel("cost so far ($)")
+        cost.set_title(f"{prefix}cost (rewards not simulated)")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
