@@ -39,7 +39,7 @@ AWS = next((p / "shared" / "traces" / "aws-g4dn-xlarge-us-east-1c-2020-11-20.csv
 GPUS = [8, 16, 32, 64, 128, 256, 512]
 BASE = ['run.mode="sim"', 'sim.profile="qwen-image-20b"', 'sim.gpu="h200"', "sim.gpus_per_node=8",
         "sim.samples_per_request=1", "run.group_size=16", "sampler.steps=20", "runtime.reserved_workers=0",
-        "explore.chunk=4", "explore.planner=true", 'explore.arms=["16x5", "32", "64", "128", "256"]',
+        "explore.chunk=4", "explore.planner=true", 'explore.arms=["16@taylor:3", "32", "64", "128", "256"]',
         "run.out_dir=\"/tmp/sim_scale\""]
 
 

@@ -24,6 +24,7 @@ from spotlight.actors.node.groups import Finished, Form, GroupScheduler, Kill, L
 from spotlight.actors.node.holders import WeightsHolders
 from spotlight.comm import messages as m
 from spotlight.errors import NotFound, StaleAttempt
+from spotlight.policy.caching import StepCache
 from spotlight.sim.clock import Timer
 from spotlight.spot.accounting import RequestSteps
 
@@ -198,7 +199,7 @@ class SimNode:
         members = cmd.members
         if work.KIND == "explore":  # exploration runs on rank 0 alone; the others are free at once
             members = cmd.members[:1]
-            steps = work.effective_steps or c.steps
+            steps = c.steps if work.cache is None else StepCache.parse(work.cache).nominal_calls(c.steps)
             step_s = c.timing.step_s(len(work.seeds), 1)
         else:
             steps = c.steps

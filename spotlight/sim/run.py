@@ -147,7 +147,7 @@ class SimRun:
             seeds = list(range(arm.candidates))
             for i in range(0, arm.candidates, chunk):
                 works.append(m.ExploreWork(prompt=f"p{it}.{p}", seeds=seeds[i:i + chunk], version=version,
-                                           effective_steps=arm.effective_steps))
+                                           cache=None if arm.cache is None else arm.cache.label))
         batch = f"it{it}/explore"
         self._submit(batch, works)
         return batch, arm, decision, len(works)

@@ -34,7 +34,7 @@ def _recipe(tmp_path, *extra: str):
         "sim.samples_per_request=1", "sim.hours=4.0", "run.group_size=16", "run.prompts_per_iteration=32",
         "sampler.steps=20", "runtime.reserved_workers=0", 'explore.schedule="overlap"',
         "explore.planner=true",
-        "explore.chunk=4", 'explore.arms=["32x5", "64", "128"]', *extra])
+        "explore.chunk=4", 'explore.arms=["32@taylor:3", "64", "128"]', *extra])
 
 
 def _run(recipe):
