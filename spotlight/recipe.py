@@ -92,6 +92,13 @@ class Recipe:
     spot: SpotConfig = field(default_factory=SpotConfig)
 
     def __post_init__(self) -> None:
+        mc = self.model
+        if mc.pipeline is not None and mc.pipeline_shift:  # the pipeline's own sigma schedule
+            from spotlight.pipelines.folder import read_folder
+
+            folder = read_folder(mc.pipeline)
+            self.sampler.shift = folder.shift(mc.image_size)
+            self.sampler.shift_terminal = folder.shift_terminal
         if self.runtime.sp_degree > 1:  # groups split the heads and the image tokens
             from spotlight.parallel.ulysses import check_degree
 

@@ -91,6 +91,11 @@ class CachedModel:
     def parameters(self, recurse: bool = True):
         return self.model.parameters(recurse)
 
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        from spotlight.policy.sampler import to_images
+
+        return to_images(self.model, x)
+
 
 def _transformer_blocks(dit) -> int:
     from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS

@@ -182,7 +182,7 @@ def add_lora(model, cfg: GRPOConfig):
     from peft import LoraConfig
 
     model.dit.add_adapter(LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, init_lora_weights="gaussian",
-                                     target_modules=LORA_TARGETS))
+                                     target_modules=getattr(model, "lora_targets", LORA_TARGETS)))
     return model
 
 
