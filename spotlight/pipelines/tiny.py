@@ -20,7 +20,6 @@ Contracts a folder keeps (checked here, not hoped for):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -50,32 +49,46 @@ def corpus() -> list[str]:
 
 
 def _train_bpe(backend, vocab_size: int, specials: list[str], suffix: str | None) -> tuple[dict, list]:
-    """A BPE with `backend`'s normalizer and pre-tokenizer, trained on `corpus()`; vocabulary in a
-    fixed order (specials, the sorted alphabet, then one token per merge in merge order)."""
-    from tokenizers import Tokenizer, models, trainers
+    """A BPE for `backend`'s normalizer and pre-tokenizer, learnt on `corpus()` by plain BPE with
+    ties broken by the pair itself (the `tokenizers` trainer orders tied merges differently from
+    run to run), so the vocabulary and merges are the same every time. The alphabet is every
+    byte-level character (with and without `suffix`, CLIP's end-of-word mark)."""
+    from collections import Counter
 
-    tok = Tokenizer(models.BPE(end_of_word_suffix=suffix) if suffix else models.BPE())
-    tok.normalizer = backend.normalizer
-    tok.pre_tokenizer = backend.pre_tokenizer
-    kw = {"end_of_word_suffix": suffix} if suffix else {}
-    if backend.pre_tokenizer is not None and "ByteLevel" in repr(backend.pre_tokenizer):
-        from tokenizers.pre_tokenizers import ByteLevel
+    from tokenizers.pre_tokenizers import ByteLevel
 
-        kw["initial_alphabet"] = ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[], show_progress=False, **kw)
-    text = corpus()
-    tok.train_from_iterator(text * 8, trainer=trainer)
-    saved = json.loads(tok.to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in saved["merges"]]
-    merged = {a + b for a, b in merges}
-    alphabet = sorted(t for t in saved["vocab"] if t not in merged)
-    order = [*specials, *alphabet]
-    for m in merges:
-        t = "".join(m)
-        if t not in order:
-            order.append(t)
-    vocab = {t: i for i, t in enumerate(dict.fromkeys(order))}
-    return vocab, merges
+    words: Counter = Counter()
+    for line in corpus():
+        text = backend.normalizer.normalize_str(line) if backend.normalizer else line
+        words.update(piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text))
+    alphabet = sorted(ByteLevel.alphabet())
+    vocab = [*specials, *alphabet, *([a + suffix for a in alphabet] if suffix else [])]
+    split = {w: [*w[:-1], w[-1] + suffix] if suffix else list(w) for w in words}
+    merges: list[tuple[str, str]] = []
+    while len(vocab) < vocab_size:
+        pairs: Counter = Counter()
+        for w, n in words.items():
+            sym = split[w]
+            for pair in zip(sym, sym[1:]):
+                pairs[pair] += n
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        if pairs[best] < 2:
+            break
+        merges.append(best)
+        vocab.append(best[0] + best[1])
+        for w, sym in split.items():
+            i, out = 0, []
+            while i < len(sym):
+                if i + 1 < len(sym) and (sym[i], sym[i + 1]) == best:
+                    out.append(sym[i] + sym[i + 1])
+                    i += 2
+                else:
+                    out.append(sym[i])
+                    i += 1
+            split[w] = out
+    return {t: i for i, t in enumerate(dict.fromkeys(vocab))}, merges
 
 
 def qwen_tokenizer():
@@ -95,7 +108,7 @@ def clip_tokenizer(max_length: int):
     from transformers import CLIPTokenizer
 
     specials = ["<|startoftext|>", "<|endoftext|>"]
-    vocab, merges = _train_bpe(CLIPTokenizer().backend_tokenizer, 700, specials, "</w>")
+    vocab, merges = _train_bpe(CLIPTokenizer().backend_tokenizer, 1000, specials, "</w>")
     return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
 
 
