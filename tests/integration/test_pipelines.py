@@ -212,3 +212,36 @@ def test_scheduler_shift_comes_from_the_folder(tiny_pipeline_dir, tmp_path):
     ours = timesteps(6, recipe.sampler.shift, recipe.sampler.shift_terminal)
     np.testing.assert_allclose(ours.numpy(), sched.sigmas.numpy(), atol=1e-6)
     assert recipe.sampler.shift_terminal == pytest.approx(0.02)
+
+
+RECIPES = [("qwen_image_lora", "qwen-image", 16), ("flux_lora", "flux", 24), ("sd3_lora", "sd3", 24)]
+
+
+@pytest.mark.parametrize("name,family,group", RECIPES)
+def test_shipped_recipes_load_on_a_folder_of_their_family(tiny_pipeline_dir, name, family, group):
+    recipe = load_recipe(name, [f"model.pipeline={tiny_pipeline_dir(family)}"])
+    assert recipe.model.image_size == 512 and recipe.grpo.finetune == "lora"
+    assert recipe.run.group_size == group
+    with pytest.raises(NotFound):  # the placeholder path: one line, before anything starts
+        load_recipe(name)
+
+
+@pytest.mark.slow
+def test_spotlight_run_tiny_pipeline(tiny_pipeline_dir, tmp_path):
+    """The documented command: `spotlight run tiny_pipeline model.pipeline=OUT run.iterations=2`."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "spotlight.cli", "run", "tiny_pipeline",
+         f"model.pipeline={tiny_pipeline_dir('sd3')}", "run.iterations=2", f"run.out_dir={tmp_path}",
+         f"model.text_cache={tmp_path / 'text'}", "--no-progress"],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout[out.stdout.index("{"):])
+    assert summary["iterations"] == 2
+    metrics = [json.loads(x) for x in (tmp_path / "tiny_pipeline" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["event"] for m in metrics] == ["eval", "iteration", "iteration", "eval"]
+    assert (tmp_path / "tiny_pipeline" / "checkpoints" / "iter_0002.safetensors").is_file()
