@@ -64,6 +64,12 @@ class ModelConfig:
     pipeline_shift: bool = True
     """Pipelines: take sampler.shift (and shift_terminal) from the folder's scheduler (its static
     shift, or its dynamic shift for this image size); false keeps the recipe's."""
+    dtype: str = "float32"
+    """Pipelines: 'float32' or 'bfloat16' for the transformer's and VAE's weights; trainable LoRA
+    weights (and their optimizer state) stay float32 either way."""
+    gradient_checkpointing: bool = False
+    """Pipelines: recompute each transformer block in the backward pass (diffusers'
+    `enable_gradient_checkpointing`): activation memory of one block instead of all."""
 
     def __post_init__(self) -> None:
         if self.pipeline is not None:
@@ -72,6 +78,8 @@ class ModelConfig:
             read_folder(self.pipeline).latent_shape(self.image_size)  # one line per bad input, nothing loaded
             if self.max_sequence_length < 1:
                 raise ConfigError(f"model.max_sequence_length must be >= 1, got {self.max_sequence_length}")
+            if self.dtype not in ("float32", "bfloat16"):
+                raise ConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
             if self.guidance_scale is not None and self.guidance_scale < 0:
                 raise ConfigError(f"model.guidance_scale must be >= 0, got {self.guidance_scale}")
         if self.dit_class not in SUPPORTED:

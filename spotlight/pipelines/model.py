@@ -80,6 +80,14 @@ class PipelineModel(nn.Module):
         return comb
 
     def _forward(self, x, t, embeds, mask, pooled) -> torch.Tensor:
+        """One transformer call in its weights' dtype; the velocity comes back in x's dtype."""
+        dtype = getattr(torch, self.cfg.dtype)
+        if dtype != x.dtype:
+            pooled = None if pooled is None else pooled.to(dtype)
+            return self._call(x.to(dtype), t, embeds.to(dtype), mask, pooled).to(x.dtype)
+        return self._call(x, t, embeds, mask, pooled)
+
+    def _call(self, x, t, embeds, mask, pooled) -> torch.Tensor:
         b, c, h, w = x.shape
         if self.family == "sd3":
             return self.dit(hidden_states=x, encoder_hidden_states=embeds, pooled_projections=pooled,
@@ -145,7 +153,7 @@ class PipelineModel(nn.Module):
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """Images [B, 3, H, W] in [-1, 1] of normalised latents x, as the pipeline decodes them."""
         vc = self.vae.config
-        x = x.to(next(self.vae.parameters()).dtype)
+        x = x.to(getattr(torch, self.cfg.dtype))
         if self.family == "qwen-image":
             mean = torch.tensor(vc.latents_mean, device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
             std = torch.tensor(vc.latents_std, device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
@@ -183,15 +191,19 @@ def load_pipeline_model(cfg) -> PipelineModel:
     folder = read_folder(cfg.pipeline)
     folder.latent_shape(cfg.image_size)  # the size check, before any weights load
     classes = {name: folder.index[name][1] for name in ("transformer", "vae")}
+    dtype = getattr(torch, cfg.dtype)
     try:
         dit = getattr(diffusers, classes["transformer"]).from_pretrained(
-            folder.path / "transformer", local_files_only=True)
-        vae = getattr(diffusers, classes["vae"]).from_pretrained(folder.path / "vae", local_files_only=True)
+            folder.path / "transformer", local_files_only=True, torch_dtype=dtype)
+        vae = getattr(diffusers, classes["vae"]).from_pretrained(
+            folder.path / "vae", local_files_only=True, torch_dtype=dtype)
     except (OSError, AttributeError) as e:
         raise ConfigError(f"model.pipeline: {folder.path}: cannot load its transformer/vae ({e})") from None
     if folder.family != "qwen-image":  # rollouts decode only (Qwen-Image's VAE walks its encoder's
         vae.encoder = None  # convolutions to reset its decode cache, so it keeps it)
     vae.requires_grad_(False).eval()
     dit.eval()
+    if cfg.gradient_checkpointing:
+        dit.enable_gradient_checkpointing()
     text = PromptEmbeddings(folder, cfg.max_sequence_length, cfg.text_cache)
     return PipelineModel(cfg, folder, dit, vae, text)

@@ -245,3 +245,40 @@ def test_spotlight_run_tiny_pipeline(tiny_pipeline_dir, tmp_path):
     metrics = [json.loads(x) for x in (tmp_path / "tiny_pipeline" / "metrics.jsonl").read_text().splitlines()]
     assert [m["event"] for m in metrics] == ["eval", "iteration", "iteration", "eval"]
     assert (tmp_path / "tiny_pipeline" / "checkpoints" / "iter_0002.safetensors").is_file()
+
+
+def test_bf16_weights_train_a_float32_adapter(tiny_pipeline_dir, tmp_path):
+    """model.dtype = bfloat16: bf16 transformer and VAE, the LoRA adapter and its AdamW state in
+    float32; sampling and training still compute the same log-prob (ratio 1 at the first step)."""
+    from spotlight.loop import Loop
+
+    recipe = _recipe(tiny_pipeline_dir("flux"), tmp_path, "model.dtype=bfloat16")
+    loop = Loop(recipe, progress=False)
+    dit = loop.model.dit
+    assert {p.dtype for n, p in dit.named_parameters() if ".lora_" not in n} == {torch.bfloat16}
+    assert {p.dtype for p in loop.trainer.params} == {torch.float32} and loop.trainer.params
+    rec = loop.step(0)
+    assert rec["ratio_dev"] < 1e-4 and rec["update_norm"] > 0
+    state = loop.trainer.opt.state[loop.trainer.params[0]]
+    assert state["exp_avg"].dtype == torch.float32
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_pipeline_dir, tmp_path):
+    from spotlight.models.dit import build_model
+    from spotlight.policy.sampler import step_log_prob
+    from spotlight.work import image_shape
+
+    grads = []
+    for gc in (False, True):
+        flag = f"model.gradient_checkpointing={str(gc).lower()}"
+        recipe = _recipe(tiny_pipeline_dir("qwen-image"), tmp_path, flag)
+        model = build_model(recipe.model, None)
+        model.dit.train()
+        shape = image_shape(recipe)
+        g = torch.Generator().manual_seed(0)
+        x, x_next = torch.randn(2, *shape, generator=g), torch.randn(2, *shape, generator=g)
+        lp, _, _ = step_log_prob(model, x, x_next, 0, model.encode(["a", "b"]), recipe.sampler)
+        lp.sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.dit.parameters() if p.grad is not None]))
+    assert model.dit.is_gradient_checkpointing
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)
