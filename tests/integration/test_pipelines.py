@@ -244,7 +244,26 @@ def test_spotlight_run_tiny_pipeline(tiny_pipeline_dir, tmp_path):
     assert summary["iterations"] == 2
     metrics = [json.loads(x) for x in (tmp_path / "tiny_pipeline" / "metrics.jsonl").read_text().splitlines()]
     assert [m["event"] for m in metrics] == ["eval", "iteration", "iteration", "eval"]
-    assert (tmp_path / "tiny_pipeline" / "checkpoints" / "iter_0002.safetensors").is_file()
+    ckpt = tmp_path / "tiny_pipeline" / "checkpoints" / "iter_0002.safetensors"
+    # `spotlight export` of the run's checkpoint: the adapter diffusers loads, with the trained weights
+    from diffusers import DiffusionPipeline
+    from safetensors.torch import load_file
+
+    from spotlight.export import export
+
+    record = export(ckpt, tmp_path / "exported")
+    assert record["parts"] == ["lora"] and record["iteration"] == 2
+    pipe = DiffusionPipeline.from_pretrained(tiny_pipeline_dir("sd3"))
+    pipe.load_lora_weights(tmp_path / "exported")
+    import re
+
+    def plain(key: str) -> str:  # the adapter's name out of the key ("default", "default_0", ...)
+        return re.sub(r"\.default(_\d+)?", "", key.removeprefix("dit."))
+
+    trained = {plain(k): v for k, v in load_file(str(ckpt)).items()}
+    loaded = {plain(k): v for k, v in pipe.transformer.state_dict().items() if "lora" in k}
+    assert trained and trained.keys() == loaded.keys()
+    assert all(torch.equal(loaded[k], v) for k, v in trained.items())
 
 
 def test_bf16_weights_train_a_float32_adapter(tiny_pipeline_dir, tmp_path):
