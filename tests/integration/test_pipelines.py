@@ -301,3 +301,27 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_pipeline_dir, tmp_
         grads.append(torch.cat([p.grad.flatten() for p in model.dit.parameters() if p.grad is not None]))
     assert model.dit.is_gradient_checkpointing
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_explored_seeds_and_resume_on_a_pipeline(tiny_pipeline_dir, tmp_path):
+    """Seed exploration (DanceGRPO's best-of-N, decoded images scored) on latents, and a run
+    resumed from its iteration-1 checkpoint ends with the weights of the uninterrupted run."""
+    from safetensors.torch import load_file
+
+    from spotlight.loop import Loop
+
+    folder = tiny_pipeline_dir("sd3")
+    more = ["explore.schedule=critical", "explore.candidates=4", "run.eval_seeds=1", "run.eval_samples=1",
+            "run.checkpoint_every=1", "run.eval_every=5"]
+    whole = Loop(_recipe(folder, tmp_path / "a", *more, "run.iterations=2"), progress=False)
+    whole.run()
+    records = whole.metrics.read()
+    assert [r["explore_returned"] for r in records if r["event"] == "iteration"] == [1, 1]
+    Loop(_recipe(folder, tmp_path / "b", *more, "run.iterations=1"), progress=False).run()
+    resumed = Loop(_recipe(folder, tmp_path / "b", *more, "run.iterations=2"), resume=True, progress=False)
+    assert resumed.start_iteration == 1
+    resumed.run()
+    a = load_file(str(tmp_path / "a" / "runs" / "tiny_pipeline" / "checkpoints" / "iter_0002.safetensors"))
+    b = load_file(str(tmp_path / "b" / "runs" / "tiny_pipeline" / "checkpoints" / "iter_0002.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
