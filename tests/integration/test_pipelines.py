@@ -184,6 +184,11 @@ def test_bad_pipeline_folders_are_one_line(tiny_pipeline_dir, tmp_path):
         load_recipe(None, [f"model.pipeline={folder}", "model.image_size=34"])
     assert "multiple of 4" in _one_line(e)
 
+    with pytest.raises(ConfigError) as e:  # the Ulysses processor is wired for the embedded model only
+        load_recipe("tiny_pipeline", [f"model.pipeline={folder}", "runtime.sp_degree=2",
+                                      "runtime.reserved_workers=2", "runtime.spot_workers=2"])
+    assert "sp_degree > 1 is not supported with model.pipeline" in _one_line(e)
+
 
 def test_lora_target_matching_nothing_is_one_line(tiny_pipeline_dir, tmp_path):
     from spotlight.models.dit import build_model
