@@ -55,6 +55,10 @@ class PipelineModel(nn.Module):
         return self.family in ("qwen-image", "sd3") and self.guidance > 1
 
     # --- text ------------------------------------------------------------------------------------
+    def conditioning_prompts(self, prompts: list[str]) -> list[str]:
+        """The prompts whose embeddings `encode(prompts)` reads (the negative prompt under CFG)."""
+        return list(dict.fromkeys([*prompts, *([self.cfg.negative_prompt] if self.cfg_on else [])]))
+
     def encode(self, prompts: list[str]) -> Conditioning:
         device = next(self.dit.parameters()).device
         cond = Conditioning(_batch(self.text.get(prompts), device))

@@ -11,7 +11,9 @@ Embeddings are looked up in memory, then on disk (one safetensors file per promp
 hash of the prompt, the sequence length and the encoders' fingerprint: their configs and weight
 file sizes), and only on a miss are the text encoders loaded — by the pipeline class itself,
 `from_pretrained(folder, transformer=None, vae=None)` — and run. A worker whose prompts were
-encoded before (by the trainer, at the start of a run) never loads a text encoder.
+encoded before (by the trainer, at the start of a run) never loads a text encoder; in the runtime
+the driver puts each prompt's embeddings into the tensor store (`publish_prompts`) and a worker
+without them takes them from there (`fetch_prompts`).
 
 This module holds no trainable weights and knows nothing of the sampler or RL.
 """
@@ -23,6 +25,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -61,6 +64,18 @@ class PromptEmbeddings(nn.Module):
     def path(self, prompt: str) -> Path:
         h = hashlib.sha256(json.dumps([self.key, self.max_sequence_length, prompt]).encode()).hexdigest()
         return self.cache_dir / self.key / f"{h[:32]}.safetensors"
+
+    def store_key(self, prompt: str) -> str:
+        """The prompt's key in the runtime's tensor store (same hash as its cache file)."""
+        return f"text/{self.key}/{self.path(prompt).stem}"
+
+    def missing(self, prompts: list[str]) -> list[str]:
+        """The prompts this process has neither in memory nor in its cache folder."""
+        return [p for p in dict.fromkeys(prompts) if p not in self.memory and not self.path(p).is_file()]
+
+    def add(self, prompt: str, tensors: dict) -> None:
+        """Embeddings computed elsewhere (the driver's, through the tensor store), kept in memory."""
+        self.memory[prompt] = {k: torch.as_tensor(np.array(v)) for k, v in tensors.items()}
 
     def get(self, prompts: list[str]) -> list[dict[str, torch.Tensor]]:
         """Each prompt's embeddings (CPU float32), encoding only the ones never cached."""
@@ -101,3 +116,30 @@ class PromptEmbeddings(nn.Module):
             [prompt], None, None, device="cpu", do_classifier_free_guidance=False, max_sequence_length=n
         )
         return {"embeds": embeds[0], "pooled": pooled[0]}
+
+
+async def publish_prompts(store, model, prompts: list[str], done: set[str]) -> None:
+    """Put the embeddings a pipeline model's jobs for `prompts` need (the CFG negative prompt
+    included) into the tensor store, each key once (`done` holds the keys already put); the
+    driver encodes them, with its text encoders or its cache. A model without prompt embeddings
+    (the embedded model) needs nothing."""
+    needed = getattr(model, "conditioning_prompts", None)
+    if needed is None:
+        return
+    for p in needed(prompts):
+        key = model.text.store_key(p)
+        if key not in done:
+            (emb,) = model.text.get([p])
+            await store.put(key, {k: v.numpy() for k, v in emb.items()})
+            done.add(key)
+
+
+async def fetch_prompts(store, model, prompts: list[str]) -> None:
+    """Take from the tensor store the embeddings this worker has not cached (a worker never loads
+    a text encoder when the driver published them)."""
+    needed = getattr(model, "conditioning_prompts", None)
+    if needed is None:
+        return
+    for p in model.text.missing(needed(prompts)):
+        tensors, _ = await store.get(model.text.store_key(p))
+        model.text.add(p, tensors)

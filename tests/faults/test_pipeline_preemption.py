@@ -1,12 +1,14 @@
 """A tiny diffusers pipeline (Qwen-Image family) through the real runtime: a reserved and a spot
-worker load the transformer and VAE from the folder, take the prompt embeddings from the cache the
-trainer filled, commit the latent after every step; a worker SIGKILLed mid-request is resumed
-elsewhere from its last commit, and the trajectory equals an uninterrupted in-process one bit for
-bit; the whole GRPO iteration then trains on it."""
+worker load the transformer and VAE from the folder, take the prompt embeddings the driver put in
+the tensor store (no cache folder, no text encoder on a worker), commit the latent after every
+step; a worker SIGKILLed mid-request is resumed elsewhere from its last commit, and the trajectory
+equals an uninterrupted in-process one bit for bit; the trainer's update then recomputes its
+log-probs."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 import pytest
@@ -16,6 +18,7 @@ from polling import wait_for
 from spotlight.actors.procs import alive, descendants
 from spotlight.actors.runtime import LocalRuntime
 from spotlight.comm import messages as m
+from spotlight.pipelines.text import fetch_prompts, publish_prompts
 from spotlight.policy.sampler import sde_rollout
 from spotlight.recipe import load_recipe
 from spotlight.work import image_shape, policy_model
@@ -42,15 +45,19 @@ def runtime(tmp_path_factory, tiny_pipeline_dir):
     # the trainer's side encodes the prompts once; the workers read the cache (no text encoder)
     rt_ref = sde_rollout(model, [PROMPT] * 4, SEEDS, recipe.sampler, image_shape(recipe))
     assert model.text.encoded == 2  # the prompt and the CFG negative prompt, once
+    # the workers have no cache folder: the embeddings reach them through the tensor store only
+    shutil.rmtree(out / "text")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")
         env.setenv("SPOTLIGHT_WORKER_STEP_DELAY_S", "0.05")  # fault injection: kills land mid-request
         with LocalRuntime(recipe) as rt:
             rt.call(rt.store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()}))
+            rt.call(publish_prompts(rt.store, model, [PROMPT], set()))  # what the runtime's executor does
             rt.reference, rt.recipe = rt_ref, recipe
             yield rt
             pids = rt.pids()
     assert [p for p in pids if alive(p)] == []
+    assert not (out / "text").exists()  # no worker encoded a prompt (it would have cached it)
 
 
 def _check(rt, result):
@@ -80,6 +87,7 @@ def test_pipeline_rollout_killed_mid_request_resumes_bit_identical(runtime):
     recipe = rt.recipe
     trainer_model = policy_model(recipe).requires_grad_(True)
     trainer_model.vae.requires_grad_(False)
+    rt.call(fetch_prompts(rt.store, trainer_model, [PROMPT]))  # as a worker does: no text encoder here
     trainer = GRPOTrainer(trainer_model, recipe.grpo, recipe.sampler)
     stats = trainer.update([group(job, traj["latents"], traj["log_probs"], [0.1, 0.4, 0.2, 0.9])])
     assert stats["ratio_dev"] < 1e-5 and stats["update_norm"] > 0

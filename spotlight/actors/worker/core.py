@@ -80,6 +80,7 @@ from spotlight.comm import messages as m
 from spotlight.errors import GroupBroken, NotFound, Preempted, ProtocolError, SpotlightError
 from spotlight.parallel.device import resolve_device
 from spotlight.parallel.flat import host_staging
+from spotlight.pipelines.text import fetch_prompts
 from spotlight.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -282,6 +283,7 @@ class WorkerCore:
 
     async def _explore(self, job: m.ExploreWork) -> m.ExploreResult:
         t0 = time.perf_counter()
+        await fetch_prompts(self.store, self.model, [job.prompt])
         explored = work.explore(self.model, job, self.recipe.sampler, self.reward, self.shape)
         if self.step_delay_s:  # fault injection (a slow device): a kill can land mid-exploration
             await asyncio.sleep(self.step_delay_s)
@@ -309,6 +311,7 @@ class WorkerCore:
             if sealed is not None:  # an earlier attempt finished and sealed it, then lost its lease
                 return sealed
         t0 = time.perf_counter()
+        await fetch_prompts(self.store, self.model, [job.prompt])
         rollout = work.Rollout(self.model, job, self.recipe.sampler, self.shape, state)
         compute_s = time.perf_counter() - t0
         base = None  # this attempt's first commit is the whole state; later ones append a step
