@@ -1,4 +1,4 @@
-"""A tiny diffusers pipeline (Qwen-Image family) through the real runtime: a reserved and a spot
+"""Each family's tiny diffusers pipeline through the real runtime: a reserved and a spot
 worker load the transformer and VAE from the folder, take the prompt embeddings the driver put in
 the tensor store (no cache folder, no text encoder on a worker), commit the latent after every
 step; a worker SIGKILLed mid-request is resumed elsewhere from its last commit, and the trajectory
@@ -30,12 +30,12 @@ SEEDS = [11, 12, 13, 14]
 PROMPT = "two red circles"
 
 
-@pytest.fixture(scope="module")
-def runtime(tmp_path_factory, tiny_pipeline_dir):
+@pytest.fixture(scope="module", params=["qwen-image", "flux", "sd3"])
+def runtime(request, tmp_path_factory, tiny_pipeline_dir):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("pipeline_faults")
     recipe = load_recipe("tiny_pipeline", [
-        f"model.pipeline={tiny_pipeline_dir('qwen-image')}", f"model.text_cache={out / 'text'}",
+        f"model.pipeline={tiny_pipeline_dir(request.param)}", f"model.text_cache={out / 'text'}",
         f"run.out_dir={out}", f"sampler.steps={STEPS}", "run.group_size=4", "grpo.finetune=full",
         "runtime.reserved_workers=1", "runtime.spot_workers=1", "runtime.lease_s=0.9",
         "runtime.heartbeat_s=0.3",
@@ -44,7 +44,7 @@ def runtime(tmp_path_factory, tiny_pipeline_dir):
     model = policy_model(recipe)
     # the trainer's side encodes the prompts once; the workers read the cache (no text encoder)
     rt_ref = sde_rollout(model, [PROMPT] * 4, SEEDS, recipe.sampler, image_shape(recipe))
-    assert model.text.encoded == 2  # the prompt and the CFG negative prompt, once
+    assert model.text.encoded == (1 if request.param == "flux" else 2)  # + the CFG negative prompt
     # the workers have no cache folder: the embeddings reach them through the tensor store only
     shutil.rmtree(out / "text")
     with pytest.MonkeyPatch.context() as env:
