@@ -128,6 +128,17 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--out", type=Path, required=True, help="folder to write")
     exp.set_defaults(func=_export)
 
+    mk = sub.add_parser(
+        "make-pipeline",
+        help="write a tiny random diffusers pipeline folder (qwen-image, flux, sd3)",
+        description="Build a tiny random-initialised pipeline of a family (offline: tokenizers made "
+        "locally) and save_pretrained it to OUT; `model.pipeline = OUT` post-trains it.",
+    )
+    mk.add_argument("family", choices=["qwen-image", "flux", "sd3"])
+    mk.add_argument("out", help="folder to write")
+    mk.add_argument("--seed", type=int, default=0)
+    mk.set_defaults(func=_make_pipeline)
+
     keys = sub.add_parser(
         "keys",
         help="make a CURVE key pair for authenticated TCP",
@@ -270,6 +281,15 @@ def _export(args) -> int:
     from spotlight.export import export
 
     print(json.dumps(export(args.checkpoint, args.out), indent=2))
+    return 0
+
+
+def _make_pipeline(args) -> int:
+    from spotlight.pipelines.tiny import make_pipeline
+
+    out = make_pipeline(args.family, args.out, args.seed)
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(json.dumps({"out": str(out), "family": args.family, "bytes": size}))
     return 0
 
 

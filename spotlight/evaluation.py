@@ -44,13 +44,14 @@ class Evaluator:
 
     def __init__(self, model, recipe: Recipe, reward, out: Path):
         self.model, self.recipe, self.reward, self.out = model, recipe, reward, out
+        from spotlight.work import image_shape
+
         c = recipe.model
-        self.shape = (c.channels, c.image_size, c.image_size)
+        self.shape = image_shape(recipe)
         self.train = eval_train_prompts(recipe.run.prompts)
         self.heldout = heldout_prompts(recipe.run.prompts)
-        self.fm_x0, self.fm_eps, self.fm_t, self.fm_prompts = fm_probe(
-            self.train + self.heldout, c.image_size
-        )
+        # the drift probe renders pixel scenes: a latent-space pipeline model has none to compare
+        self.fm_probe = None if c.pipeline is not None else fm_probe(self.train + self.heldout, c.image_size)
         self.base_fm = _base_fm(out / "metrics.jsonl")  # a resumed run keeps its base's value
 
     @torch.no_grad()
@@ -88,11 +89,12 @@ class Evaluator:
             eval_per_seed_set=rec[f"eval_{head}_per_set"],
             eval_headline=head,
         )
-        rec["fm_loss"] = self.fm_loss()
-        if self.base_fm is None and it == 0:
-            self.base_fm = rec["fm_loss"]
-        if self.base_fm is not None:
-            rec["fm_drift"] = rec["fm_loss"] / self.base_fm - 1
+        if self.fm_probe is not None:
+            rec["fm_loss"] = self.fm_loss()
+            if self.base_fm is None and it == 0:
+                self.base_fm = rec["fm_loss"]
+            if self.base_fm is not None:
+                rec["fm_drift"] = rec["fm_loss"] / self.base_fm - 1
         rec["eval_s"] = time.monotonic() - t0
         return rec
 
@@ -139,9 +141,10 @@ class Evaluator:
     def fm_loss(self) -> float:
         """Flow-matching loss on the fixed probe batch (renders of the evaluation prompts)."""
         device = next(self.model.parameters()).device
-        x0, eps, t = (v.to(device) for v in (self.fm_x0, self.fm_eps, self.fm_t))
+        fm_x0, fm_eps, fm_t, prompts = self.fm_probe
+        x0, eps, t = (v.to(device) for v in (fm_x0, fm_eps, fm_t))
         xt = (1 - t)[:, None, None, None] * x0 + t[:, None, None, None] * eps
-        v = self.model.velocity(xt, t, self.model.encode(self.fm_prompts))
+        v = self.model.velocity(xt, t, self.model.encode(prompts))
         return float((v - (eps - x0)).pow(2).mean())
 
 

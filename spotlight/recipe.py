@@ -98,6 +98,16 @@ class Recipe:
     sim: SimConfig = field(default_factory=SimConfig)
 
     def __post_init__(self) -> None:
+        mc = self.model
+        if mc.pipeline is not None and mc.pipeline_shift:  # the pipeline's own sigma schedule
+            from spotlight.pipelines.folder import read_folder
+
+            folder = read_folder(mc.pipeline)
+            self.sampler.shift = folder.shift(mc.image_size)
+            self.sampler.shift_terminal = folder.shift_terminal
+        if mc.pipeline is not None and self.runtime.sp_degree > 1:
+            raise ConfigError("runtime.sp_degree > 1 is not supported with model.pipeline (the Ulysses "
+                              "processor is wired for the embedded model only)")
         if self.runtime.sp_degree > 1:  # groups split the heads and the image tokens
             from spotlight.parallel.ulysses import check_degree
 

@@ -31,7 +31,7 @@ import torch
 from spotlight.comm.messages import ExploreWork, RolloutWork
 from spotlight.policy.caching import StepCache, step_cache
 from spotlight.policy.grpo import Group, add_lora
-from spotlight.policy.sampler import RolloutState, SamplerConfig, sample_policy, sde_advance, start
+from spotlight.policy.sampler import RolloutState, SamplerConfig, sample_policy, sde_advance, start, to_images
 from spotlight.rewards.base import to_uint8_images
 
 
@@ -56,7 +56,12 @@ def recipe_reward(recipe):
 
 
 def image_shape(recipe) -> tuple[int, int, int]:
+    """The sampler's state shape: pixels, or a pipeline's normalised latent."""
     c = recipe.model
+    if c.pipeline is not None:
+        from spotlight.pipelines.folder import read_folder
+
+        return read_folder(c.pipeline).latent_shape(c.image_size)
     return (c.channels, c.image_size, c.image_size)
 
 
@@ -110,7 +115,7 @@ class Rollout:
 
     @torch.no_grad()
     def rewards(self, reward) -> np.ndarray:
-        final = self.state.latents[-1].clamp(-1, 1)
+        final = to_images(self.model, self.state.latents[-1])
         return np.asarray(reward(to_uint8_images(final), self.prompts), dtype=np.float32)
 
 

@@ -100,3 +100,19 @@ async def spawn():
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline_dir(tmp_path_factory):
+    """``tiny_pipeline_dir(family)``: that family's tiny diffusers pipeline folder (`spotlight
+    make-pipeline`), built once per session."""
+    built = {}
+
+    def get(family: str):
+        if family not in built:
+            from spotlight.pipelines.tiny import make_pipeline
+
+            built[family] = make_pipeline(family, tmp_path_factory.mktemp(family) / "pipe")
+        return built[family]
+
+    return get

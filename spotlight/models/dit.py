@@ -45,8 +45,43 @@ class ModelConfig:
     head_dim: int = 32
     text_dim: int = 64
     text_layers: int = 2
+    pipeline: str | None = None
+    """A diffusers pipeline folder (model_index.json: Qwen-Image, FLUX, SD3) to post-train instead
+    of the embedded tiny model: the DiT works in its VAE's latent space (spotlight.pipelines);
+    `image_size` is then the pixel side of the decoded image, and dit_*, channels, patch and the
+    text fields are not used."""
+    guidance_scale: float | None = None
+    """Pipelines: true-CFG scale (Qwen-Image, SD3; > 1 runs a negative-prompt forward) or FLUX-dev's
+    guidance embedding; None = the pipeline's own default (4.0, 3.5, 7.0)."""
+    negative_prompt: str = ""
+    """Pipelines: the CFG negative prompt (Qwen-Image, SD3)."""
+    max_sequence_length: int = 128
+    """Pipelines: text tokens kept per prompt (the pipelines' `max_sequence_length`)."""
+    text_cache: str | None = None
+    """Pipelines: folder of the prompt-embedding cache; None = ~/.cache/spotlight/text-embeddings."""
+    lora_targets: list[str] | None = None
+    """Pipelines: LoRA target modules; None = those diffusers' training script uses for the class."""
+    pipeline_shift: bool = True
+    """Pipelines: take sampler.shift (and shift_terminal) from the folder's scheduler (its static
+    shift, or its dynamic shift for this image size); false keeps the recipe's."""
+    dtype: str = "float32"
+    """Pipelines: 'float32' or 'bfloat16' for the transformer's and VAE's weights; trainable LoRA
+    weights (and their optimizer state) stay float32 either way."""
+    gradient_checkpointing: bool = False
+    """Pipelines: recompute each transformer block in the backward pass (diffusers'
+    `enable_gradient_checkpointing`): activation memory of one block instead of all."""
 
     def __post_init__(self) -> None:
+        if self.pipeline is not None:
+            from spotlight.pipelines.folder import read_folder
+
+            read_folder(self.pipeline).latent_shape(self.image_size)  # one line per bad input, nothing loaded
+            if self.max_sequence_length < 1:
+                raise ConfigError(f"model.max_sequence_length must be >= 1, got {self.max_sequence_length}")
+            if self.dtype not in ("float32", "bfloat16"):
+                raise ConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+            if self.guidance_scale is not None and self.guidance_scale < 0:
+                raise ConfigError(f"model.guidance_scale must be >= 0, got {self.guidance_scale}")
         if self.dit_class not in SUPPORTED:
             raise ConfigError(f"model.dit_class: {self.dit_class!r} is not one of {', '.join(SUPPORTED)}")
         for name in (
@@ -257,6 +292,10 @@ def build_model(cfg: ModelConfig, vocabulary, *, merge_lora: bool = True) -> Dif
     from safetensors import safe_open
     from safetensors.torch import load_file
 
+    if cfg.pipeline is not None:  # a diffusers pipeline folder: its own weights, latents and text
+        from spotlight.pipelines.model import load_pipeline_model
+
+        return load_pipeline_model(cfg)
     if cfg.checkpoint is not None:
         path = resolve_checkpoint(cfg.checkpoint)
         with safe_open(str(path), "pt") as f:

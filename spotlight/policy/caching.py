@@ -142,6 +142,11 @@ class CachedModel:
     def parameters(self, recurse: bool = True):
         return self.model.parameters(recurse)
 
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        from spotlight.policy.sampler import to_images
+
+        return to_images(self.model, x)
+
 
 @contextmanager
 def step_cache(model, cache: StepCache | None) -> Iterator[CachedModel]:

@@ -179,7 +179,10 @@ def add_lora(model, cfg: GRPOConfig):
     from peft import LoraConfig
 
     model.dit.add_adapter(LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, init_lora_weights="gaussian",
-                                     target_modules=LORA_TARGETS))
+                                     target_modules=getattr(model, "lora_targets", LORA_TARGETS)))
+    for name, p in model.dit.named_parameters():  # the adapter trains in float32 over a bf16 base
+        if ".lora_" in name:
+            p.data = p.data.float()
     return model
 
 

@@ -48,6 +48,9 @@ class SamplerConfig:
     """a in σ_t = a·√(t/(1−t)): SDE exploration noise (0 would be the ODE)."""
     shift: float = 1.0
     """Time shift t' = s·t/(1+(s−1)·t); >1 spends more steps at high noise (SD3 uses 3)."""
+    shift_terminal: float | None = None
+    """Stretch the shifted schedule so its last non-zero time is this (diffusers'
+    FlowMatchEulerDiscreteScheduler `shift_terminal`; Qwen-Image's scheduler uses 0.02)."""
     eval_steps: int = 20
     """ODE steps for evaluation samples."""
     sde_steps: int | None = None
@@ -76,6 +79,8 @@ class SamplerConfig:
             raise ConfigError(f"sampler.noise_level must be in (0, 2], got {self.noise_level}")
         if self.shift <= 0:
             raise ConfigError(f"sampler.shift must be > 0, got {self.shift}")
+        if self.shift_terminal is not None and not 0 < self.shift_terminal < 1:
+            raise ConfigError(f"sampler.shift_terminal must be in (0, 1), got {self.shift_terminal}")
         if self.noise_patch < 1:
             raise ConfigError(f"sampler.noise_patch must be >= 1, got {self.noise_patch}")
         if self.sde_steps is not None and not 1 <= self.sde_steps <= self.steps:
@@ -99,10 +104,24 @@ class SamplerConfig:
         return self.steps if self.sde_steps is None else self.sde_steps
 
 
-def timesteps(steps: int, shift: float = 1.0) -> torch.Tensor:
-    """steps+1 times from 1 down to 0 (float64 for exact, device-independent arithmetic)."""
+def timesteps(steps: int, shift: float = 1.0, terminal: float | None = None) -> torch.Tensor:
+    """steps+1 times from 1 down to 0 (float64 for exact, device-independent arithmetic).
+
+    The points are those of the diffusers flow-match pipelines (linspace(1, 1/steps) shifted, then
+    0); `terminal` stretches the non-zero times so the last is `terminal` (`shift_terminal`)."""
     t = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
-    return shift * t / (1 + (shift - 1) * t)
+    t = shift * t / (1 + (shift - 1) * t)
+    if terminal is not None and steps > 1:
+        rest = 1 - t[:-1]
+        t[:-1] = 1 - rest / (rest[-1] / (1 - terminal))
+    return t
+
+
+def to_images(model, x: torch.Tensor) -> torch.Tensor:
+    """Images in [-1, 1] of final states x: the model's `decode` (a latent-space pipeline model),
+    else x itself clamped (the pixel-space model)."""
+    decode = getattr(model, "decode", None)
+    return decode(x) if decode is not None else x.clamp(-1, 1)
 
 
 def _mix(seed: int, counter: int) -> int:
@@ -234,7 +253,7 @@ def start(
 @torch.no_grad()
 def sde_advance(model, state: RolloutState, text, seeds: list[int], cfg: SamplerConfig) -> RolloutState:
     """Run one SDE step on `state` (in place) and return it."""
-    ts = timesteps(cfg.steps, cfg.shift)
+    ts = timesteps(cfg.steps, cfg.shift, cfg.shift_terminal)
     k, x = state.step, state.x
     t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
     v = model.velocity(x, t, text)
@@ -275,7 +294,7 @@ def sde_rollout(
 
 def step_log_prob(model, x: torch.Tensor, x_next: torch.Tensor, k: int, text, cfg: SamplerConfig):
     """log p_θ(x_next | x) of step k, and the transition mean (for the KL term). Differentiable."""
-    ts = timesteps(cfg.steps, cfg.shift)
+    ts = timesteps(cfg.steps, cfg.shift, cfg.shift_terminal)
     t = torch.full((x.shape[0],), float(ts[k]), dtype=x.dtype, device=x.device)
     mean, std = transition(
         model.velocity(x, t, text), x, ts, k, cfg.noise_level, cfg.noise_patch, cfg.sde_type
@@ -298,8 +317,9 @@ def sample(
     sde_type: str = "flow",
     start: tuple[int, torch.Tensor] | None = None,
     between_steps: Callable[[int], None] | None = None,
+    shift_terminal: float | None = None,
 ) -> torch.Tensor:
-    """Final sample [B, C, H, W] in [-1, 1] (clamped) without recording the trajectory.
+    """Final images [B, C, H, W] in [-1, 1] (`to_images`) without recording the trajectory.
 
     `between_steps(k)` is called after step k (1-based) of every step run; an exception it raises
     ends the sampling there (a cancelled exploration).
@@ -310,7 +330,7 @@ def sample(
     noise_level None = deterministic Euler ODE (evaluation); a float = the rollout SDE with the same
     (seed, k) draws as `sde_rollout`, so a seed explored here predicts that seed's rollout.
     """
-    ts = timesteps(steps, shift)
+    ts = timesteps(steps, shift, shift_terminal)
     text = model.encode(prompts)
     k0, x = start if start is not None else (0, initial_noise(seeds, shape, _device(model), init_seed))
     if not 0 <= k0 <= steps:
@@ -327,7 +347,7 @@ def sample(
             x = mean + std * z
         if between_steps is not None:
             between_steps(k + 1)
-    return x.clamp(-1, 1)
+    return to_images(model, x)
 
 
 def sample_policy(
@@ -356,12 +376,13 @@ def sample_policy(
         noise_patch=cfg.noise_patch,
         sde_type=cfg.sde_type,
         between_steps=between_steps,
+        shift_terminal=cfg.shift_terminal,
     )
 
 
 def sample_ode(model, prompts: list[str], seeds: list[int], cfg: SamplerConfig, shape) -> torch.Tensor:
     """The deterministic sampler users deploy: `cfg.eval_steps` Euler steps of the flow ODE."""
-    return sample(model, prompts, seeds, shape, cfg.eval_steps, cfg.shift)
+    return sample(model, prompts, seeds, shape, cfg.eval_steps, cfg.shift, shift_terminal=cfg.shift_terminal)
 
 
 def _device(model) -> torch.device:

@@ -34,6 +34,7 @@ from spotlight.actors.queue.client import QueueClient
 from spotlight.actors.store.client import TensorStoreClient
 from spotlight.comm import messages as m
 from spotlight.errors import NotFound, RemoteError
+from spotlight.pipelines.text import publish_prompts
 from spotlight.policy.grpo import Group
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class RuntimeExecutor:
         """Per batch: kind, wall_s (submit to results read), worker_s (summed time inside workers),
         compute_s (summed time the workers spent computing); per publish: kind "publish", wall_s."""
         self._deletes: set[asyncio.Future] = set()  # deletes of trajectories read (loop-side)
+        self._model = None  # the driver's model (its prompt embeddings go to the store for the workers)
+        self._prompts_put: set[str] = set()
 
     def _submit(self, batch: str, jobs: list[m.Work], read: Callable[[list[m.WorkResult]], Coroutine],
                 *, partial: bool = False) -> concurrent.futures.Future:
@@ -74,6 +77,7 @@ class RuntimeExecutor:
 
         async def go() -> Any:
             t0 = time.perf_counter()
+            await publish_prompts(self.store, self._model, [j.prompt for j in jobs], self._prompts_put)
             for v in versions:
                 await self.store.pin_version(v)
             try:
@@ -160,6 +164,7 @@ class RuntimeExecutor:
     def publish(self, version: int, model) -> None:
         """Put ``model``'s weights into the store as ``version`` (and settle earlier deletes)."""
         t0 = time.perf_counter()
+        self._model = model
         self._progress("publish", version=version)
         tensors = {k: v.detach().cpu().contiguous().numpy() for k, v in model.state_dict().items()}
         self.bg.call(self._publish(version, tensors), timeout=self.rpc_s)

@@ -77,6 +77,7 @@ from spotlight.comm import messages as m
 from spotlight.errors import Cancelled, GroupBroken, NotFound, Preempted, ProtocolError, SpotlightError
 from spotlight.parallel.device import resolve_device
 from spotlight.parallel.flat import host_staging
+from spotlight.pipelines.text import fetch_prompts
 from spotlight.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -313,6 +314,7 @@ class WorkerCore:
                 raise Preempted(f"{lease.request_id}: exploration stopped after step {k} of {total}")
 
         t0 = time.perf_counter()
+        await fetch_prompts(self.store, self.model, [job.prompt])
         try:
             explored = await asyncio.to_thread(work.explore, self.model, job, self.recipe.sampler,
                                                self.reward, self.shape, between_steps)
@@ -343,6 +345,7 @@ class WorkerCore:
             if sealed is not None:  # an earlier attempt finished and sealed it, then lost its lease
                 return sealed
         t0 = time.perf_counter()
+        await fetch_prompts(self.store, self.model, [job.prompt])
         rollout = work.Rollout(self.model, job, self.recipe.sampler, self.shape, state)
         compute_s = time.perf_counter() - t0
         base = None  # this attempt's first commit is the whole state; later ones append a step
