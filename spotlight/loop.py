@@ -40,9 +40,8 @@ import torch
 from spotlight import checkpoint, work
 from spotlight.comm import messages as m
 from spotlight.data.prompts import prompt_set
-from spotlight.data.scenes import VOCABULARY
 from spotlight.evaluation import Evaluator
-from spotlight.models.dit import DiffusionModel, build_model
+from spotlight.models.dit import DiffusionModel
 from spotlight.parallel.device import resolve_device
 from spotlight.policy.consistency import spearman
 from spotlight.policy.grpo import Group, GRPOTrainer
@@ -177,7 +176,7 @@ class Loop:
         self.prompts = prompt_set(r.prompts)
         self.reward = work.recipe_reward(recipe)
         self.device = resolve_device(r.device)
-        self.model = build_model(recipe.model, VOCABULARY).to(self.device)
+        self.model = work.recipe_model(recipe.model).to(self.device)
         self.trainer = GRPOTrainer(self.model, recipe.grpo, recipe.sampler, seed=r.seed)
         self.out = Path(r.out_dir) / r.name
         self.metrics = MetricsLog(self.out / "metrics.jsonl")

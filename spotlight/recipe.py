@@ -99,12 +99,14 @@ class Recipe:
 
     def __post_init__(self) -> None:
         mc = self.model
-        if mc.pipeline is not None and mc.pipeline_shift:  # the pipeline's own sigma schedule
+        if mc.pipeline is not None:
             from spotlight.pipelines.folder import read_folder
 
-            folder = read_folder(mc.pipeline)
-            self.sampler.shift = folder.shift(mc.image_size)
-            self.sampler.shift_terminal = folder.shift_terminal
+            folder = read_folder(mc.pipeline)  # one line per bad input, nothing loaded
+            folder.latent_shape(mc.image_size)
+            if mc.pipeline_shift:  # the pipeline's own sigma schedule
+                self.sampler.shift = folder.shift(mc.image_size)
+                self.sampler.shift_terminal = folder.shift_terminal
         if mc.pipeline is not None and self.runtime.sp_degree > 1:
             raise ConfigError("runtime.sp_degree > 1 is not supported with model.pipeline (the Ulysses "
                               "processor is wired for the embedded model only)")

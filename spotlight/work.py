@@ -35,13 +35,23 @@ from spotlight.policy.sampler import RolloutState, SamplerConfig, sample_policy,
 from spotlight.rewards.base import to_uint8_images
 
 
-def policy_model(recipe) -> Any:
-    """The trainer's model architecture (with the LoRA adapter under LoRA fine-tuning, frozen), so
-    the trainer's ``state_dict`` loads into it key for key."""
+def recipe_model(cfg) -> Any:
+    """The model a recipe's ``[model]`` names, as a run starts from it: a diffusers pipeline folder
+    (``model.pipeline``: ``spotlight.pipelines``) or the embedded DiT (``spotlight.models.dit``)."""
+    if cfg.pipeline is not None:
+        from spotlight.pipelines.model import load_pipeline_model
+
+        return load_pipeline_model(cfg)
     from spotlight.data.scenes import VOCABULARY
     from spotlight.models.dit import build_model
 
-    model = build_model(recipe.model, VOCABULARY)
+    return build_model(cfg, VOCABULARY)
+
+
+def policy_model(recipe) -> Any:
+    """The trainer's model architecture (with the LoRA adapter under LoRA fine-tuning, frozen), so
+    the trainer's ``state_dict`` loads into it key for key."""
+    model = recipe_model(recipe.model)
     if recipe.grpo.finetune == "lora":
         add_lora(model, recipe.grpo)
     return model.requires_grad_(False)

@@ -72,10 +72,7 @@ class ModelConfig:
     `enable_gradient_checkpointing`): activation memory of one block instead of all."""
 
     def __post_init__(self) -> None:
-        if self.pipeline is not None:
-            from spotlight.pipelines.folder import read_folder
-
-            read_folder(self.pipeline).latent_shape(self.image_size)  # one line per bad input, nothing loaded
+        if self.pipeline is not None:  # the folder itself is checked where the recipe is read
             if self.max_sequence_length < 1:
                 raise ConfigError(f"model.max_sequence_length must be >= 1, got {self.max_sequence_length}")
             if self.dtype not in ("float32", "bfloat16"):
@@ -292,10 +289,9 @@ def build_model(cfg: ModelConfig, vocabulary, *, merge_lora: bool = True) -> Dif
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    if cfg.pipeline is not None:  # a diffusers pipeline folder: its own weights, latents and text
-        from spotlight.pipelines.model import load_pipeline_model
-
-        return load_pipeline_model(cfg)
+    if cfg.pipeline is not None:
+        raise ConfigError("model.pipeline names a diffusers pipeline folder: build it with "
+                          "spotlight.work.recipe_model (spotlight.pipelines), not the embedded DiT's builder")
     if cfg.checkpoint is not None:
         path = resolve_checkpoint(cfg.checkpoint)
         with safe_open(str(path), "pt") as f:

@@ -191,11 +191,11 @@ def test_bad_pipeline_folders_are_one_line(tiny_pipeline_dir, tmp_path):
 
 
 def test_lora_target_matching_nothing_is_one_line(tiny_pipeline_dir, tmp_path):
-    from spotlight.models.dit import build_model
+    from spotlight.work import recipe_model
 
     recipe = _recipe(tiny_pipeline_dir("sd3"), tmp_path, 'model.lora_targets=["attn.to_q", "to_nothing"]')
     with pytest.raises(ConfigError) as e:
-        build_model(recipe.model, None)
+        recipe_model(recipe.model)
     assert "'to_nothing' matches no module" in _one_line(e)
 
 
@@ -288,15 +288,14 @@ def test_bf16_weights_train_a_float32_adapter(tiny_pipeline_dir, tmp_path):
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_pipeline_dir, tmp_path):
-    from spotlight.models.dit import build_model
     from spotlight.policy.sampler import step_log_prob
-    from spotlight.work import image_shape
+    from spotlight.work import image_shape, recipe_model
 
     grads = []
     for gc in (False, True):
         flag = f"model.gradient_checkpointing={str(gc).lower()}"
         recipe = _recipe(tiny_pipeline_dir("qwen-image"), tmp_path, flag)
-        model = build_model(recipe.model, None)
+        model = recipe_model(recipe.model)
         model.dit.train()
         shape = image_shape(recipe)
         g = torch.Generator().manual_seed(0)

@@ -16,7 +16,7 @@ RANK = textwrap.dedent('''
     import torch.distributed as dist
     from datetime import timedelta
     from spotlight.recipe import load_recipe
-    from spotlight.models.dit import build_model
+    from spotlight.work import recipe_model
     from spotlight.policy.grpo import GRPOTrainer
     from spotlight.comm.messages import RolloutWork
     from spotlight import work
@@ -29,7 +29,7 @@ RANK = textwrap.dedent('''
                          "sampler.steps=2", "grpo.finetune=full", "grpo.beta=0.0", "grpo.lr=1e-3",
                          "grpo.timestep_fraction=1.0"])
     torch.manual_seed(0)
-    model = build_model(recipe.model, None)
+    model = recipe_model(recipe.model)
     reward, shape = work.recipe_reward(recipe), work.image_shape(recipe)
     prompts = ["two red circles", "a blue square above a red circle"]
     groups = [work.rollout(model, RolloutWork(prompt=p, seeds=[10 * i + 1, 10 * i + 2, 10 * i + 3],
