@@ -93,7 +93,7 @@ class ModelConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model.{name} must be > 0, got {getattr(self, name)}")
-        if self.image_size % self.patch:
+        if self.pipeline is None and self.image_size % self.patch:  # a pipeline's: its VAE and patch
             raise ConfigError(
                 f"model.image_size ({self.image_size}) must be a multiple of model.patch ({self.patch})"
             )
