@@ -1,5 +1,6 @@
 # OMP_NUM_THREADS=1 python bench/machine_noise.py
-"""How steady is this machine? The yardstick behind docs/BENCHMARKS.md's runtime-overhead notes.
+"""How steady is this machine? The yardstick behind the runtime-overhead notes
+(docs/history/BENCHMARKS-lab-notes.md, "Runtime overhead").
 
 Times one fixed piece of work — a best-of-16 exploration sample of the tiny (demo) model, the
 runtime's typical request — three ways, interleaved in rounds:

@@ -49,7 +49,8 @@ class PretrainConfig:
     """auto | cpu | cuda, as `run.device`."""
     workers: int = 0
     """Processes rendering batches (0: this process, the CPU default). On a GPU the renderer, not
-    the model, is the bottleneck (docs/BENCHMARKS.md)."""
+    the model, is the bottleneck (no benchmark table measures it; the H200 pretraining of the v3
+    base used `--workers 6`: docs/REWARD.md, "What the base draws under this reward")."""
 
     def __post_init__(self) -> None:
         for name in ("minutes", "max_steps", "batch_size", "lr", "snapshot_minutes"):

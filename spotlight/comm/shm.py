@@ -1,8 +1,8 @@
 """Shared-memory segments for the tensor store's same-machine bulk path (Linux ``/dev/shm``).
 
 Why not one fresh segment per tensor: a fresh tmpfs page costs an allocation and a zeroing on
-first touch, several times slower than a warm memcpy (docs/BENCHMARKS.md). So the **service
-owns every segment** and recycles them: a writer asks for a segment (``lend``), copies into it
+first touch, several times slower than a warm memcpy (docs/BENCHMARKS.md "Tensor transport"). So
+the **service owns every segment** and recycles them: a writer asks for a segment (``lend``), copies into it
 through a mapping it keeps cached (warm after the first use), and the service then *adopts* the
 segment as the stored tensor's memory without copying. When the service drops the last array
 viewing a segment (key deleted, commit replaced, version freed), a finalizer returns the segment

@@ -1,9 +1,9 @@
 """The loop through the actor runtime with SP groups (``runtime.sp_degree = 2``: each node agent
 runs every request on a group of two workers, Ulysses attention over a gloo group) gives the
-in-process run bit for bit: same per-iteration rewards, exploration spreads and trained weights.
-The in-process loop runs the plain DiT, so this also holds a degree-2 trajectory equal to a
-degree-1 one (the SP forward is exact on this machine; docs/BENCHMARKS.md, issue 10), which is
-what makes a resume across SP degrees bit-identical here. Bad ``sp_degree`` values are one
+in-process run bit for bit: same per-iteration rewards, exploration spreads and trained weights. The
+in-process loop runs the plain DiT, so this also holds a degree-2 trajectory equal to a degree-1 one
+(the SP forward is exact on this machine; docs/BENCHMARKS.md "Elastic sequence parallelism"), which
+is what makes a resume across SP degrees bit-identical here. Bad ``sp_degree`` values are one
 ConfigError line naming the field."""
 
 from __future__ import annotations

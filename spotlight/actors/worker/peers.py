@@ -64,13 +64,13 @@ def lent_message(version: int, token: str, buf: FlatWeights) -> m.WeightsLent:
 
 class PeerMappings:
     """A borrower's mappings of its lenders' buffers, ``(pid, segment)`` -> a read-only mapping
-    (or ``(pid, IPC handle)`` -> the imported CUDA tensor): mapped once, pages populated, reused
-    for every later version the lender lends from the same buffer (a copy from an existing
-    mapping does not fault its pages in again; docs/BENCHMARKS.md has the figures). Mappings of a lender
-    that exited are dropped as it exits (``watch``, which ``borrow`` calls after each copy: a pidfd
-    on the loop, immune to pid reuse; the segment's memory is freed then, not at the next borrow);
-    at most ``max_maps`` are kept (oldest dropped first). The copy maps from a thread, the watch
-    drops on the loop: a lock."""
+    (or ``(pid, IPC handle)`` -> the imported CUDA tensor): mapped once, pages populated, reused for
+    every later version the lender lends from the same buffer (a copy from an existing mapping does
+    not fault its pages in again; docs/BENCHMARKS.md "Peer weights on a node" has the figures).
+    Mappings of a lender that exited are dropped as it exits (``watch``, which ``borrow`` calls
+    after each copy: a pidfd on the loop, immune to pid reuse; the segment's memory is freed then,
+    not at the next borrow); at most ``max_maps`` are kept (oldest dropped first). The copy maps
+    from a thread, the watch drops on the loop: a lock."""
 
     def __init__(self, max_maps: int = 16) -> None:
         self.max_maps = max_maps
