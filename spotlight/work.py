@@ -57,7 +57,7 @@ def recipe_reward(recipe):
 
 def image_shape(recipe) -> tuple[int, int, int]:
     c = recipe.model
-    return (c.channels, c.image_size, c.image_size)
+    return c.shape
 
 
 @dataclass(slots=True)

@@ -8,12 +8,18 @@ hidden states [B, L, dim] plus a 0/1 mask [B, L].
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
 
 class WordTokenizer:
-    """Whitespace tokenizer over a fixed vocabulary; id 0 = pad, 1 = unknown word."""
+    """Whitespace tokenizer over a fixed vocabulary; id 0 = pad, 1 = unknown word.
+
+    Text inside double quotes is spelled out: each of its characters c becomes the token `"c`, so a
+    word the vocabulary never listed is still given to the encoder letter by letter (the text task).
+    """
 
     PAD, UNK = 0, 1
 
@@ -28,9 +34,16 @@ class WordTokenizer:
     def __call__(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.zeros(len(prompts), self.max_length, dtype=torch.long)
         for row, prompt in enumerate(prompts):
-            words = prompt.lower().split()[: self.max_length]
+            words = _QUOTED.sub(_spell, prompt.lower()).split()[: self.max_length]
             ids[row, : len(words)] = torch.tensor([self._ids.get(w, self.UNK) for w in words])
         return ids, (ids != self.PAD).long()
+
+
+_QUOTED = re.compile(r'"([^"]*)"')
+
+
+def _spell(found: re.Match) -> str:
+    return " " + " ".join('"' + c for c in found.group(1) if not c.isspace()) + " "
 
 
 class TextEncoder(nn.Module):

@@ -104,7 +104,7 @@ class Member:
         load_s = time.perf_counter() - t0
         self.sampler = SamplerConfig(**spec["sampler"])
         cfg = self.model.cfg
-        self.shape = (cfg.channels, cfg.image_size, cfg.image_size)
+        self.shape = cfg.shape
         self.device = next(self.model.parameters()).device
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         self.comms = Communicators("127.0.0.1", spec["store_port"], timeout_s=spec["timeout_s"],
