@@ -24,7 +24,7 @@ MAX_LETTERS = 6
 TEMPLATES = ('a sign that says "{}"', 'the word "{}"', 'a label reading "{}"')
 
 # Common English words, 3-6 letters, capitals. The two lists are disjoint (a test holds it) and
-# every letter of a held-out word appears in training words.
+# every letter of a held-out word appears at the same place in some training word.
 TRAIN_WORDS: tuple[str, ...] = tuple(
     """
     ACT AGE AIR ANT ARM ART ASK BAG BAT BED BEE BIG BOX BOY BUS CAR CAT COW CUP CUT DAY DOG DRY EAR
@@ -48,7 +48,7 @@ TRAIN_WORDS: tuple[str, ...] = tuple(
     DINNER DRAGON FLOWER FOREST GARDEN GUITAR HAMMER HELMET ISLAND JACKET JUNGLE KETTLE LADDER
     LIZARD MARKET MIRROR MONKEY NEEDLE ORANGE PARROT PENCIL PEPPER PICNIC PILLOW PLANET POCKET
     PUZZLE RABBIT ROCKET SADDLE SHADOW SILVER SPIDER SPRING SQUARE STREAM SUMMER TEMPLE TICKET
-    TOMATO TUNNEL VALLEY VELVET WINDOW WINTER YELLOW
+    TOMATO TUNNEL VALLEY VELVET WINDOW WINTER YELLOW BLAZE LEGEND
     """.split()
 )
 HELDOUT_WORDS: tuple[str, ...] = tuple(
@@ -57,9 +57,11 @@ HELDOUT_WORDS: tuple[str, ...] = tuple(
 LETTERS = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 VOCABULARY: tuple[str, ...] = tuple(
     sorted({w for t in TEMPLATES for w in t.replace('"{}"', "").split()})
-) + tuple('"' + c.lower() for c in LETTERS)
-"""Tokens of the text task: the template words, then one token per letter of quoted text (the
-word tokenizer splits quoted text into `"a`, `"b`, ... so an unseen word is still spelled out)."""
+) + tuple(f'"{c.lower()}@{k}' for c in LETTERS for k in range(1 - MAX_LETTERS, MAX_LETTERS))
+"""Tokens of the text task: the template words, then one token per (letter, offset from the word's
+centre in half letters): the word tokenizer spells quoted text as `"s@-3 "p@-1 "o@1 "t@3`, so an
+unseen word is still spelled out, and every (letter, offset) of a held-out word occurs in training
+words (a test holds it)."""
 
 _QUOTED = re.compile(r'"([^"]*)"')
 

@@ -17,8 +17,10 @@ from torch import nn
 class WordTokenizer:
     """Whitespace tokenizer over a fixed vocabulary; id 0 = pad, 1 = unknown word.
 
-    Text inside double quotes is spelled out: each of its characters c becomes the token `"c`, so a
-    word the vocabulary never listed is still given to the encoder letter by letter (the text task).
+    Text inside double quotes is spelled out: its i-th of n characters c becomes the token `"c@k`,
+    k = 2i − (n − 1) its offset from the text's centre in half characters — a letter and where it
+    stands, so a word the vocabulary never listed is still given to the encoder letter by letter and
+    each image column finds its letter by content, not by counting (the text task).
     """
 
     PAD, UNK = 0, 1
@@ -43,7 +45,8 @@ _QUOTED = re.compile(r'"([^"]*)"')
 
 
 def _spell(found: re.Match) -> str:
-    return " " + " ".join('"' + c for c in found.group(1) if not c.isspace()) + " "
+    letters = [c for c in found.group(1) if not c.isspace()]
+    return " " + " ".join(f'"{c}@{2 * i - (len(letters) - 1)}' for i, c in enumerate(letters)) + " "
 
 
 class TextEncoder(nn.Module):

@@ -80,6 +80,17 @@ def test_async_matches_sync_and_weighted(reward):
     img, prompts = _batch(WORDS[:4]), _prompts(WORDS[:4])
     sync = reward(img, prompts)
     assert np.array_equal(asyncio.run(reward.score_async(img, prompts)), sync)
+
+    async def scored_while_ticking() -> tuple[np.ndarray, int]:
+        ticks = 0
+        task = asyncio.ensure_future(reward.score_async(_batch(WORDS * 2), _prompts(WORDS * 2)))
+        while not task.done():
+            ticks += 1
+            await asyncio.sleep(0.001)
+        return await task, ticks
+
+    scores, ticks = asyncio.run(scored_while_ticking())
+    assert scores.mean() >= 0.95 and ticks > 1  # the loop ran while the pool read
     combo = make_reward("weighted", terms=[{"name": "ocr", "weight": 1.0}, {"name": "jpeg", "weight": 0.0}])
     assert np.allclose(combo(img, prompts), sync)
 
@@ -114,7 +125,11 @@ def test_bad_input_is_one_line(reward):
 def test_word_lists_and_tokenizer():
     train, held = set(text_task.TRAIN_WORDS), set(text_task.HELDOUT_WORDS)
     assert train.isdisjoint(held) and len(train) >= 300 and len(held) >= 16
-    assert set("".join(held)) <= set("".join(train))  # every held-out letter is trained on
+    def placed(w: str) -> set[tuple[str, int]]:  # (letter, offset from the centre in half letters)
+        return {(c, 2 * i - (len(w) - 1)) for i, c in enumerate(w)}
+
+    trained = set().union(*map(placed, train))
+    assert all(placed(w) <= trained for w in held)  # every held-out letter is trained on, in place
     assert all(3 <= len(w) <= 6 for w in train | held)
     assert {text_task.quoted_text(p) for p in prompt_set("words")} == train
     assert {text_task.quoted_text(p) for p in heldout_prompts("words")} == held
@@ -122,6 +137,8 @@ def test_word_lists_and_tokenizer():
     ids, mask = tok(['a sign that says "SPOT"', 'the word "BUG"'])
     assert (ids[mask.bool()] != WordTokenizer.UNK).all()  # an unseen word is spelled, not unknown
     assert int(mask[0].sum()) == 4 + 4 and int(mask[1].sum()) == 2 + 3
+    spelled = [tok.vocabulary[i - 2] for i in ids[0, 4:8].tolist()]
+    assert spelled == ['"s@-3', '"p@-1', '"o@1', '"t@3']
 
 
 def test_non_square_canvas_through_model_and_sampler():
