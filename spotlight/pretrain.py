@@ -1,7 +1,8 @@
-"""Pretrain the base model by flow matching on the synthetic compositional data set.
+"""Pretrain the base model by flow matching on the synthetic compositional data set (or, with
+`task = "text"`, on the text task's training words rendered on the model's canvas).
 
     spotlight pretrain --minutes 25 --out spotlight/assets/base.safetensors --seed 0
-    spotlight pretrain --task text --out spotlight/assets/ocr_base.safetensors \
+    spotlight pretrain --task text --minutes 40 --batch-size 32 --out spotlight/assets/ocr_base.safetensors \
         model.image_size=16 model.image_width=64    (the text-rendering base)
 
 Trains the tiny DiT and the text encoder jointly on freshly rendered scenes of the whole caption
