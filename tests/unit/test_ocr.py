@@ -174,3 +174,15 @@ def test_recipe_ocr_runs_on_the_shipped_base(tmp_path):
     assert len(its) == 1 and len(its[0]["rewards"]) == 2
     assert all(0.0 <= x <= 1.0 for g in its[0]["rewards"] for x in g)
     assert evals and 0.0 <= evals[0]["eval_reward"] <= 1.0
+
+
+def test_rendered_pretraining_set():
+    import random
+
+    from spotlight.pretrain import PretrainConfig, text_batch
+
+    x, prompts = text_batch(random.Random(0), 4, 16, 64)
+    assert x.shape == (4, 3, 16, 64) and x.min() == -1.0 and x.max() == 1.0
+    assert all(text_task.quoted_text(p) in text_task.TRAIN_WORDS for p in prompts)
+    with pytest.raises(ConfigError, match="pretrain.task"):
+        PretrainConfig(task="letters")
