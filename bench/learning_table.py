@@ -35,7 +35,7 @@ def main() -> None:
             f"| {r['eval_ode_heldout']:.3f} ± {r['eval_ode_heldout_std']:.3f} "
             f"| {rise:+.3f} | {r['eval_ode_train']:.3f} ± {r['eval_ode_train_std']:.3f} | {rise_t:+.3f} "
             f"| {r['eval_sde_train']:.3f} ± {r['eval_sde_train_std']:.3f} "
-            f"| {r['eval_ode_heldout_parts'].get('shape', float('nan')):.3f} "
+            f"| {r.get('eval_ode_heldout_parts', {}).get('shape', float('nan')):.3f} "
             f"| {100 * r.get('fm_drift', 0):+.1f}% |"
         )
     last = evals[-1]

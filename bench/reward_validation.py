@@ -1,7 +1,9 @@
 # python bench/reward_validation.py [--n 400] [--checkpoint builtin:base ...]
-"""Does the compositional reward agree with ground truth the project can make?
+# python bench/reward_validation.py --reward ocr [--n 200]
+"""Do the compositional and the OCR rewards agree with ground truth the project can make?
 
-Validation of the compositional reward against ground truth the project can make (issue 11).
+Validation of the compositional reward (issue 11), and of the OCR reward (issue 27, `--reward ocr`:
+the table of `ocr_cases`).
 
 Prints three tables (results in docs/REWARD.md):
 1. the shape classifier's confusion matrix: objects of rendered scenes (true shape known) and
@@ -221,6 +223,53 @@ def print_confusion(rows: dict[str, Counter], title: str) -> None:
         print(f"{name:<16}{cells}{total:>10}")
 
 
+OCR_CASES = ("rendered", "blurred (r=0.7)", "half-drawn", "wrong word", "scrambled", "mirrored",
+             "blank", "noise")
+
+
+def ocr_cases(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """The OCR reward's scores of `n` words of both lists (16x64, the shipped font) under each case:
+    the word as rendered; blurred; only its left half drawn; another word of the same length;
+    its letters scrambled (never the word itself); mirror-imaged; a blank canvas; uniform noise."""
+    from PIL import ImageFilter
+
+    from spotlight.data.text import HELDOUT_WORDS, TRAIN_WORDS, prompt_for, render_word
+    from spotlight.rewards.ocr import OcrReward
+
+    rng = random.Random(seed)
+    words = [rng.choice(TRAIN_WORDS + HELDOUT_WORDS) for _ in range(n)]
+    h, w = 16, 64
+    imgs: dict[str, list[np.ndarray]] = {k: [] for k in OCR_CASES}
+    for word in words:
+        img = render_word(word, h, w)
+        imgs["rendered"].append(img)
+        imgs["blurred (r=0.7)"].append(np.asarray(Image.fromarray(img).filter(ImageFilter.GaussianBlur(0.7))))
+        half = img.copy()
+        dark = np.flatnonzero((img < 128).any(axis=(0, 2)))
+        half[:, (dark[0] + dark[-1]) // 2 + 1:] = 255
+        imgs["half-drawn"].append(half)
+        other = rng.choice([x for x in TRAIN_WORDS + HELDOUT_WORDS if len(x) == len(word) and x != word])
+        imgs["wrong word"].append(render_word(other, h, w))
+        letters = list(word)
+        while "".join(letters) == word and len(set(word)) > 1:
+            rng.shuffle(letters)
+        imgs["scrambled"].append(render_word("".join(letters), h, w))
+        imgs["mirrored"].append(np.ascontiguousarray(img[:, ::-1]))
+        imgs["blank"].append(np.full_like(img, 255))
+        noise = np.random.default_rng(rng.randrange(2**31))
+        imgs["noise"].append(noise.integers(0, 256, img.shape, np.uint8))
+    reward = OcrReward(mode="line")
+    prompts = [prompt_for(x) for x in words]
+    return {k: reward(np.stack(v), prompts) for k, v in imgs.items()}
+
+
+def print_ocr(n: int) -> None:
+    print(f"OCR reward (PP-OCRv4 recognition, 1 - normalised edit distance) of {n} words, 16x64 canvas")
+    print(f"{'case':<18}{'mean':>8}{'min':>8}{'max':>8}{'= 1.0':>8}")
+    for kind, s in ocr_cases(n).items():
+        print(f"{kind:<18}{s.mean():>8.3f}{s.min():>8.3f}{s.max():>8.3f}{(s == 1).mean():>8.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -239,7 +288,12 @@ def main() -> None:
     ap.add_argument(
         "--gallery", type=Path, help="also write, per checkpoint, its samples' docked objects to PATH_<k>.png"
     )
+    ap.add_argument("--reward", choices=("compositional", "ocr"), default="compositional",
+                    help="which reward to validate (ocr: the text task's table only)")
     args = ap.parse_args()
+    if args.reward == "ocr":
+        print_ocr(args.n)
+        return
     print_confusion(
         confusion(args.n),
         f"shape classifier, {args.n} rendered scenes + adversarial objects (fraction of objects of each row)",

@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--batch-size", type=int, default=64)
     pre.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
     pre.add_argument("--workers", type=int, default=0, help="rendering processes (default 0: in this one)")
+    pre.add_argument("--task", default="shapes", help="shapes | text (the OCR task's words; default shapes)")
     pre.add_argument("--out", type=Path, default=Path("runs/pretrain/base.safetensors"))
     pre.add_argument("overrides", nargs="*", help="model.field=value, e.g. model.layers=2")
     pre.set_defaults(func=_pretrain)
@@ -228,6 +229,7 @@ def _pretrain(args) -> int:
             batch_size=args.batch_size,
             device=args.device,
             workers=args.workers,
+            task=args.task,
         ),
         args.out,
     )

@@ -27,6 +27,7 @@ import torch
 
 from spotlight.data.prompts import eval_train_prompts, heldout_prompts
 from spotlight.data.scenes import parse_caption, render
+from spotlight.data.text import quoted_text, render_word
 from spotlight.policy.sampler import sample_ode, sample_policy
 from spotlight.policy.seeds import candidate_seeds
 from spotlight.recipe import Recipe
@@ -51,7 +52,7 @@ class Evaluator:
         self.train = eval_train_prompts(recipe.run.prompts)
         self.heldout = heldout_prompts(recipe.run.prompts)
         # the drift probe renders pixel scenes: a latent-space pipeline model has none to compare
-        self.fm_probe = None if c.pipeline is not None else fm_probe(self.train + self.heldout, c.image_size)
+        self.fm_probe = None if c.pipeline is not None else fm_probe(self.train + self.heldout, c.shape[1:])
         self.base_fm = _base_fm(out / "metrics.jsonl")  # a resumed run keeps its base's value
 
     @torch.no_grad()
@@ -148,12 +149,17 @@ class Evaluator:
         return float((v - (eps - x0)).pow(2).mean())
 
 
-def fm_probe(prompts: list[str], size: int, renders: int = FM_RENDERS, seed: int = FM_SEED):
-    """A fixed flow-matching batch: `renders` rendered scenes per prompt ([N, 3, H, W] in [-1, 1]),
-    with noise and times drawn as in pretraining (logit-normal t) from a fixed seed."""
+def fm_probe(prompts: list[str], size: int | tuple[int, int], renders: int = FM_RENDERS, seed: int = FM_SEED):
+    """A fixed flow-matching batch: `renders` rendered scenes (or words, for prompts with quoted text)
+    per prompt ([N, 3, H, W] in [-1, 1]) on a `size` (square side, or (height, width)) canvas, with
+    noise and times drawn as in pretraining (logit-normal t) from a fixed seed."""
     rng = random.Random(seed)
+    height, width = (size, size) if isinstance(size, int) else size
     captions = [p for p in prompts for _ in range(renders)]
-    imgs = np.stack([render(parse_caption(p), size, rng) for p in captions])
+    imgs = np.stack([
+        render_word(quoted_text(p), height, width) if '"' in p else render(parse_caption(p), height, rng)
+        for p in captions
+    ])
     x0 = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1
     g = torch.Generator().manual_seed(seed)
     eps = torch.randn(x0.shape, generator=g)

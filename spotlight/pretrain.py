@@ -1,6 +1,9 @@
-"""Pretrain the base model by flow matching on the synthetic compositional data set.
+"""Pretrain the base model by flow matching on the synthetic compositional data set (or, with
+`task = "text"`, on the text task's training words rendered on the model's canvas).
 
     spotlight pretrain --minutes 25 --out spotlight/assets/base.safetensors --seed 0
+    spotlight pretrain --task text --minutes 40 --batch-size 32 --out spotlight/assets/ocr_base.safetensors \
+        model.image_size=16 model.image_width=64    (the text-rendering base)
 
 Trains the tiny DiT and the text encoder jointly on freshly rendered scenes of the whole caption
 grammar, keeps an EMA of the weights, and saves the EMA model as one safetensors file. The base is
@@ -21,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spotlight.data import text as text_task
 from spotlight.data.scenes import VOCABULARY, random_scene, render
 from spotlight.errors import ConfigError
 from spotlight.models.dit import ModelConfig, build_model
@@ -32,6 +36,9 @@ class PretrainConfig:
     """Flow-matching pretraining of the base model."""
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(checkpoint=None))
+    task: str = "shapes"
+    """shapes: rendered scenes of the caption grammar; text: training words of the text task
+    (`spotlight.data.text`), rendered on the model's canvas."""
     minutes: float = 25.0
     """Wall-clock budget; training stops at this or `max_steps`, whichever comes first."""
     max_steps: int = 1_000_000
@@ -60,8 +67,21 @@ class PretrainConfig:
             raise ConfigError(f"pretrain.min_lr_fraction must be in (0, 1], got {self.min_lr_fraction}")
         if not 0 <= self.ema_decay < 1:
             raise ConfigError(f"pretrain.ema_decay must be in [0, 1), got {self.ema_decay}")
+        if self.task not in TASKS:
+            raise ConfigError(f"pretrain.task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.workers < 0:
             raise ConfigError(f"pretrain.workers must be >= 0, got {self.workers}")
+
+
+TASKS = ("shapes", "text")
+
+
+def text_batch(rng: random.Random, n: int, height: int, width: int) -> tuple[torch.Tensor, list[str]]:
+    """`n` random training words of the text task rendered on a `height`x`width` canvas."""
+    drawn = [text_task.random_prompt(rng) for _ in range(n)]
+    imgs = np.stack([text_task.render_word(w, height, width) for _, w in drawn])
+    x = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1
+    return x, [p for p, _ in drawn]
 
 
 def batch(rng: random.Random, n: int, size: int) -> tuple[torch.Tensor, list[str]]:
@@ -87,6 +107,11 @@ class _Scenes(torch.utils.data.IterableDataset):
 def batches(cfg: PretrainConfig, size: int, pin: bool):
     """Training batches: rendered here (workers = 0: the seeded stream of `batch`), or by
     `cfg.workers` processes ahead of the trainer."""
+    if cfg.task == "text":
+        rng = random.Random(cfg.seed)
+        _, height, width = cfg.model.shape
+        while True:
+            yield text_batch(rng, cfg.batch_size, height, width)
     if cfg.workers == 0:
         rng = random.Random(cfg.seed)
         while True:
@@ -104,7 +129,8 @@ def pretrain(cfg: PretrainConfig, out: Path, log=print) -> Path:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    model = build_model(cfg.model, VOCABULARY).to(device)
+    vocabulary = text_task.VOCABULARY if cfg.task == "text" else VOCABULARY
+    model = build_model(cfg.model, vocabulary).to(device)
     ema = copy.deepcopy(model).requires_grad_(False)
     log(f"pretraining on {device}, batch {cfg.batch_size}, {cfg.workers} rendering processes")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)

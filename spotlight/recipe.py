@@ -114,7 +114,7 @@ class Recipe:
             from spotlight.parallel.ulysses import check_degree
 
             mc = self.model
-            check_degree(self.runtime.sp_degree, mc.heads, (mc.image_size // mc.patch) ** 2)
+            check_degree(self.runtime.sp_degree, mc.heads, mc.tokens)
             if mc.dit_class != "QwenImageTransformer2DModel":
                 raise ConfigError("runtime.sp_degree > 1 supports model.dit_class "
                                   f"QwenImageTransformer2DModel, not {mc.dit_class}")

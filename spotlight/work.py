@@ -72,7 +72,7 @@ def image_shape(recipe) -> tuple[int, int, int]:
         from spotlight.pipelines.folder import read_folder
 
         return read_folder(c.pipeline).latent_shape(c.image_size)
-    return (c.channels, c.image_size, c.image_size)
+    return c.shape
 
 
 @dataclass(slots=True)
@@ -127,6 +127,16 @@ class Rollout:
     def rewards(self, reward) -> np.ndarray:
         final = to_images(self.model, self.state.latents[-1])
         return np.asarray(reward(to_uint8_images(final), self.prompts), dtype=np.float32)
+
+    async def rewards_async(self, reward) -> np.ndarray:
+        """``rewards``, awaited: a reward with ``score_async`` (its own thread pool: ocr) scores while
+        the caller's event loop keeps running; any other reward is called as ``rewards`` calls it."""
+        score = getattr(reward, "score_async", None)
+        if score is None:
+            return self.rewards(reward)
+        with torch.no_grad():
+            images = to_uint8_images(self.state.latents[-1].clamp(-1, 1))
+        return np.asarray(await score(images, self.prompts), dtype=np.float32)
 
 
 def rollout(model, job: RolloutWork, sampler: SamplerConfig, reward, shape) -> Group:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import random
 
+from spotlight.data import text as text_task
 from spotlight.data.scenes import PALETTE, RELATIONS, SHAPES, ObjectGroup, Scene
 from spotlight.errors import ConfigError
 
@@ -73,6 +74,11 @@ HELDOUT: dict[str, list[str]] = {
     ],
 }
 HELDOUT["broad"] = HELDOUT["demo"]
+# The text-rendering task (spotlight.data.text): every training word in a fixed shuffled order (so
+# the first 8, which evaluations sample, mix word lengths); held out: the disjoint word list.
+PROMPT_SETS["words"] = text_task.word_prompts(random.Random(0).sample(text_task.TRAIN_WORDS,
+                                                                      len(text_task.TRAIN_WORDS)))
+HELDOUT["words"] = text_task.word_prompts(text_task.HELDOUT_WORDS)
 PROMPT_SETS["broad"] = _broad()  # more combinations of the same words: skills, not memorised prompts
 
 

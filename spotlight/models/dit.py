@@ -36,7 +36,9 @@ class ModelConfig:
     """Spotlight checkpoint (.safetensors with DiT + text encoder); 'builtin:base' = the shipped base.
     A checkpoint of LoRA fine-tuning starts a run (or an eval) from its base with the adapter merged."""
     image_size: int = 32
-    """Side of the square pixel canvas the model generates."""
+    """Height of the pixel canvas the model generates (and its width unless `image_width` is set)."""
+    image_width: int = 0
+    """Width of the canvas; 0 = `image_size` (a square). A text strip is e.g. 16x64."""
     channels: int = 3
     patch: int = 4
     """Pixels per token side; 32x32 at patch 4 = 64 image tokens."""
@@ -97,8 +99,24 @@ class ModelConfig:
             raise ConfigError(
                 f"model.image_size ({self.image_size}) must be a multiple of model.patch ({self.patch})"
             )
+        if self.image_width < 0 or self.image_width % self.patch:
+            raise ConfigError(
+                f"model.image_width ({self.image_width}) must be 0 or a positive multiple of model.patch"
+            )
+        if self.shape[1] != self.shape[2] and self.dit_class == "SD3Transformer2DModel":
+            raise ConfigError("model.image_width: SD3's position grid is square (use Qwen-Image, Flux)")
         if self.head_dim % 4:
             raise ConfigError(f"model.head_dim must be a multiple of 4 (RoPE axes), got {self.head_dim}")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(channels, height, width) of one generated image."""
+        return (self.channels, self.image_size, self.image_width or self.image_size)
+
+    @property
+    def tokens(self) -> int:
+        """Image tokens per sample."""
+        return (self.image_size // self.patch) * ((self.image_width or self.image_size) // self.patch)
 
 
 def tiny_dit(cfg: ModelConfig) -> nn.Module:
@@ -271,11 +289,13 @@ BUILTIN_BASE = Path(__file__).resolve().parent.parent / "assets" / "base.safeten
 
 
 def resolve_checkpoint(path: str) -> Path:
-    p = BUILTIN_BASE if path == "builtin:base" else Path(path)
+    """'builtin:NAME' = the shipped `spotlight/assets/NAME.safetensors` (base: the shapes task,
+    ocr_base: the text task); anything else is a file path."""
+    builtin = path.startswith("builtin:")
+    p = BUILTIN_BASE.with_name(path.removeprefix("builtin:") + ".safetensors") if builtin else Path(path)
     if not p.is_file():
         raise NotFound(
-            f"model.checkpoint: {p} does not exist"
-            + (" (run `spotlight pretrain`)" if path == "builtin:base" else "")
+            f"model.checkpoint: {p} does not exist" + (" (run `spotlight pretrain`)" if builtin else "")
         )
     return p
 

@@ -8,12 +8,20 @@ hidden states [B, L, dim] plus a 0/1 mask [B, L].
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
 
 class WordTokenizer:
-    """Whitespace tokenizer over a fixed vocabulary; id 0 = pad, 1 = unknown word."""
+    """Whitespace tokenizer over a fixed vocabulary; id 0 = pad, 1 = unknown word.
+
+    Text inside double quotes is spelled out: its i-th of n characters c becomes the token `"c@k`,
+    k = 2i − (n − 1) its offset from the text's centre in half characters — a letter and where it
+    stands, so a word the vocabulary never listed is still given to the encoder letter by letter and
+    each image column finds its letter by content, not by counting (the text task).
+    """
 
     PAD, UNK = 0, 1
 
@@ -28,9 +36,17 @@ class WordTokenizer:
     def __call__(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.zeros(len(prompts), self.max_length, dtype=torch.long)
         for row, prompt in enumerate(prompts):
-            words = prompt.lower().split()[: self.max_length]
+            words = _QUOTED.sub(_spell, prompt.lower()).split()[: self.max_length]
             ids[row, : len(words)] = torch.tensor([self._ids.get(w, self.UNK) for w in words])
         return ids, (ids != self.PAD).long()
+
+
+_QUOTED = re.compile(r'"([^"]*)"')
+
+
+def _spell(found: re.Match) -> str:
+    letters = [c for c in found.group(1) if not c.isspace()]
+    return " " + " ".join(f'"{c}@{2 * i - (len(letters) - 1)}' for i, c in enumerate(letters)) + " "
 
 
 class TextEncoder(nn.Module):

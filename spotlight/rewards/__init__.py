@@ -35,6 +35,8 @@ _LAZY = {
     "HttpReward": "spotlight.rewards.http",
     "RewardServer": "spotlight.rewards.http",
     "serve_reward": "spotlight.rewards.http",
+    "OcrReward": "spotlight.rewards.ocr",
+    "OcrConfig": "spotlight.rewards.ocr",
 }
 
 __all__ = [

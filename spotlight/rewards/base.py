@@ -123,6 +123,7 @@ _BUILTIN: dict[str, str] = {
     "http": "spotlight.rewards.http:HttpReward",
     "compositional": "spotlight.rewards.compositional:CompositionalReward",
     "weighted": "spotlight.rewards.config:weighted_sum",
+    "ocr": "spotlight.rewards.ocr:OcrReward",
 }
 _REGISTRY: dict[str, Callable[..., RewardFn]] = {}
 

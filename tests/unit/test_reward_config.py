@@ -107,7 +107,7 @@ def test_user_reward_by_import_path(user_module):
 
 @pytest.mark.parametrize("overrides,message", [
     (["reward.name=pickscore"],
-     "unknown reward 'pickscore'; known rewards: compositional, http, jpeg, weighted"),
+     "unknown reward 'pickscore'; known rewards: compositional, http, jpeg, ocr, weighted"),
     (["reward.name=mypkg.rewards.score"], "an import path is written 'module:attribute'"),
     (["reward.name=http"], "reward 'http': missing a required argument: 'url'"),
     (["reward.name=jpeg", "reward.qualty=90"], "reward 'jpeg': got an unexpected keyword argument 'qualty'; "

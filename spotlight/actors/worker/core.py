@@ -386,7 +386,7 @@ class WorkerCore:
             return m.RolloutResult(key=trajectory_key(rid), nbytes=0, rewards=[],
                                    resumed_from=rollout.resumed_from, compute_s=compute_s)
         t0 = time.perf_counter()
-        rewards = rollout.rewards(self.reward)
+        rewards = await rollout.rewards_async(self.reward)
         compute_s += time.perf_counter() - t0
         key = trajectory_key(rid)
         # The final commit becomes the trajectory in the store: nothing is sent twice.

@@ -1,0 +1,178 @@
+"""OCR reward: does the image say the quoted text of its prompt, as read by a real OCR model?
+
+The reader is PP-OCRv4 (the PaddleOCR family Flow-GRPO's text task uses) through the
+`rapidocr-onnxruntime` wheel, which ships the detection and recognition ONNX models: no download,
+onnxruntime on the CPU. Two ways to read:
+
+- **line** — recognition only: the image is one line of text (the text task's strip canvas);
+- **full** — detection, then recognition of every detected box, texts joined in reading order
+  (top to bottom, left to right): any image, e.g. a real pipeline's 1024² sample.
+- **auto** (default) — line when the image is at least 2.5 times wider than tall, else full.
+
+Score (Flow-GRPO's definition): target = the text between the prompt's first pair of double quotes;
+both it and the text read are NFKC-normalised (the recogniser's dictionary emits full-width forms),
+lower-cased and stripped of all whitespace — so case and spaces never count; score = 1 − min(d,
+n) / n with d the Levenshtein distance between them and n the target's length: 1 is an exact read,
+0 a read no closer than n edits. A prompt without quoted text is a ConfigError (one line).
+
+Scoring runs in the reward's own thread pool (onnxruntime releases the GIL): ``__call__`` splits the
+batch over it and waits; ``score_async`` awaits the same work without blocking the event loop.
+Knows numpy and the OCR wheel; nothing of models or actors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import unicodedata
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from spotlight.data.text import quoted_text
+from spotlight.errors import ConfigError
+from spotlight.rewards.base import check_batch
+
+__all__ = ["OcrConfig", "OcrReward", "edit_distance", "normalize_text", "text_score"]
+
+MODES = ("auto", "line", "full")
+LINE_ASPECT = 2.5  # auto: an image this much wider than tall is read as one line
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class OcrConfig:
+    """Settings of the OCR reward (the recipe's `[reward]` table with name = "ocr")."""
+
+    mode: str = "auto"
+    """line (recognition only) | full (detection + recognition) | auto (by aspect ratio)."""
+    threads: int = 2
+    """Threads of the reward's pool; each runs onnxruntime single-threaded on a slice of the batch."""
+    min_confidence: float = 0.0
+    """Recognised pieces at or below this confidence are dropped (Flow-GRPO keeps those > 0)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"ocr.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
+            raise ConfigError(f"ocr.threads must be an int >= 1, got {self.threads!r}")
+        if not 0 <= self.min_confidence < 1:
+            raise ConfigError(f"ocr.min_confidence must be in [0, 1), got {self.min_confidence}")
+
+
+def normalize_text(text: str) -> str:
+    """NFKC, lower case, no whitespace: the form both sides are compared in."""
+    return "".join(unicodedata.normalize("NFKC", text).lower().split())
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (insertions, deletions, substitutions of one character each)."""
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def text_score(read: str, target: str) -> float:
+    """1 − min(d, n) / n on normalised texts (n = the target's length); see the module docstring."""
+    read, target = normalize_text(read), normalize_text(target)
+    if not target:
+        raise ConfigError("OCR reward: the quoted text is empty")
+    return 1.0 - min(edit_distance(read, target), len(target)) / len(target)
+
+
+_ENGINE_LOCK = threading.Lock()
+_ENGINE = None
+
+
+def _engine():
+    """One RapidOCR engine per process (its ONNX sessions are safe to run from several threads)."""
+    global _ENGINE
+    with _ENGINE_LOCK:
+        if _ENGINE is None:
+            try:
+                from rapidocr_onnxruntime import RapidOCR
+            except ImportError as e:
+                raise ConfigError(f"OCR reward needs the rapidocr-onnxruntime package: {e}") from None
+            _ENGINE = RapidOCR(intra_op_num_threads=1, inter_op_num_threads=1)
+        return _ENGINE
+
+
+class OcrReward:
+    """Reward = how closely PP-OCRv4 reads the prompt's quoted text; see the module docstring."""
+
+    name = "ocr"
+
+    def __init__(self, config: OcrConfig | None = None, *, mode: str | None = None,
+                 threads: int | None = None, min_confidence: float | None = None) -> None:
+        given = {k: v for k, v in (("mode", mode), ("threads", threads), ("min_confidence", min_confidence))
+                 if v is not None}
+        if config is not None and given:
+            raise ConfigError("pass either an OcrConfig or mode/threads/min_confidence, not both")
+        self.config = config or OcrConfig(**given)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    # --- reading -------------------------------------------------------------------------------
+    def read(self, images: np.ndarray) -> list[str]:
+        """The text read in each uint8 [H, W, 3] image (normalised), in the pool, in order."""
+        return [t for f in self._submit(images) for t in f.result()]
+
+    def _read_slice(self, images: np.ndarray) -> list[str]:
+        engine = _engine()
+        bgr = [np.ascontiguousarray(img[:, :, ::-1]) for img in images]  # the engine expects BGR
+        lines = [i for i, img in enumerate(images) if self._is_line(img)]
+        out = [""] * len(images)
+        if lines:
+            recognised, _ = engine.text_rec([bgr[i] for i in lines])
+            for i, (text, conf) in zip(lines, recognised):
+                out[i] = text if conf > self.config.min_confidence else ""
+        for i in sorted(set(range(len(images))) - set(lines)):
+            found, _ = engine(bgr[i], use_det=True, use_cls=False, use_rec=True)
+            out[i] = "".join(t for _, t, c in (found or []) if float(c) > self.config.min_confidence)
+        return [normalize_text(t) for t in out]
+
+    def _is_line(self, img: np.ndarray) -> bool:
+        if self.config.mode != "auto":
+            return self.config.mode == "line"
+        return img.shape[1] >= LINE_ASPECT * img.shape[0]
+
+    def _submit(self, images: np.ndarray) -> list[Future]:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.config.threads, thread_name_prefix="ocr-reward")
+        slices = np.array_split(np.arange(len(images)), min(self.config.threads, max(1, len(images))))
+        return [self._pool.submit(self._read_slice, images[s]) for s in slices if len(s)]
+
+    # --- scoring -------------------------------------------------------------------------------
+    def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        targets = self._targets(images, prompts)
+        return self._scores(self.read(images), targets)
+
+    async def score_async(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        """As ``__call__``, awaited: the event loop keeps running while the pool reads."""
+        targets = self._targets(images, prompts)
+        parts = await asyncio.gather(*(asyncio.wrap_future(f) for f in self._submit(images)))
+        return self._scores([t for p in parts for t in p], targets)
+
+    @staticmethod
+    def _targets(images: np.ndarray, prompts: list[str]) -> list[str]:
+        check_batch(images, prompts)
+        return [quoted_text(p) for p in prompts]  # bad prompts fail before any reading
+
+    @staticmethod
+    def _scores(read: list[str], targets: list[str]) -> np.ndarray:
+        return np.array([text_score(r, t) for r, t in zip(read, targets)], dtype=np.float32)
+
+    def close(self) -> None:
+        """Shut the reward's thread pool down (a later call starts a new one)."""
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def __repr__(self) -> str:
+        return f"OcrReward(mode={self.config.mode!r}, threads={self.config.threads})"
