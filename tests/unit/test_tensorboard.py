@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 RUN = [*TINY_MODEL, "run.iterations=3", "run.eval_every=2", "run.eval_seeds=2", "run.eval_samples=2",
        "run.prompts_per_iteration=2", "run.group_size=4", "run.checkpoint_every=100",
-       'explore.schedule="critical"', "explore.planner=true", 'explore.arms=["4", "4x2"]']
+       'explore.schedule="critical"', "explore.planner=true", 'explore.arms=["4", "4@taylor:3"]']
 
 
 def _events(folder):
