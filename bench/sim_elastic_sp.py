@@ -18,8 +18,9 @@ same trace and seed in both arms:
 Reconfiguration: per rollout request interrupted by a GPU loss, seconds from the loss to its
 resumed compute (a group formed for it, loaded). Survivor: a surviving GPU of an interrupted group,
 seconds from the loss until it computes again (idle waiting for a group, or restarting and
-reloading), or until nothing waits for it on its host. GPU-s lost/h: the survivors' seconds summed,
-per trace hour. Every request must complete exactly once (asserted).
+reloading), or until nothing waits for it on its host (one preempted in turn is not counted).
+GPU-s lost/h: those seconds summed (a survivor preempted in turn included), per trace hour. Every
+request must complete exactly once (asserted).
 """
 
 from __future__ import annotations
@@ -95,9 +96,11 @@ def main() -> None:
     print(f"# sim: Qwen-Image 20B 1280^2, H200 hosts of 8, AWS trace as single GPUs, {args.hours:g} trace h")
     print("# request: an interrupted rollout's seconds from the GPU loss to its resumed compute "
           "(mean p50 p99);")
-    print("# survivor: a surviving GPU's seconds from the loss until it computes again (mean p50 p99)")
+    print("# survivor: a surviving GPU's seconds from the loss until it computes again or is free with")
+    print("#   nothing waiting for it on its host (mean p50 p99); one preempted in turn is not a survivor;")
+    print("# interr / surv: how many (a group whose every GPU went at once has no survivor)")
     print(f"{'gpus':>5} {'sp':>3} {'arm':>8} {'preempt':>7} {'interr':>6} {'request s':>20} "
-          f"{'survivor s':>20} "
+          f"{'surv':>4} {'survivor s':>20} "
           f"{'GPU-s lost/h':>12} {'its':>4} {'iter s':>7} {'lost steps':>10} {'wall s':>6}")
     for gpus in args.gpus:
         for sp in args.sp:
@@ -108,7 +111,7 @@ def main() -> None:
                 hours = s["sim_s"] / 3600
                 it_s = statistics.fmean(r["iteration_s"] for r in sim.records)
                 print(f"{gpus:>5} {sp:>3} {arm:>8} {s['preemptions']:>7} {len(x):>6} {stats(x):>20} "
-                      f"{stats(y):>20} "
+                      f"{len(y):>4} {stats(y):>20} "
                       f"{s['gpu_s_lost_reconfig'] / hours:>12.1f} {len(sim.records):>4} {it_s:>7.0f} "
                       f"{s['steps_lost']:>10} {time.perf_counter() - t:>6.1f}", flush=True)
 

@@ -103,7 +103,8 @@ class SimCluster:
         self.lost_gpu_s = 0.0
         """GPU-seconds the survivors of groups broken by GPU losses spent not computing (SimNode)."""
         self.survivor_s: list[float] = []
-        """Per survivor of a group broken by a GPU loss: seconds until it computes again (SimNode)."""
+        """Per survivor of a group broken by a GPU loss: seconds until it computes again, or is free
+        with nothing waiting for it on its host (SimNode)."""
         self._interrupted: dict[str, float] = {}
         clock.call_later(rt.node_sweep_s, self._sweep)
 

@@ -356,7 +356,8 @@ class SimNode:
 
     def _count_lost(self, gone: tuple[str, ...] = ()) -> None:
         """A survivor of a group broken by a GPU loss stops counting as lost when it computes again
-        (its new group's load done), when it is idle with nothing pending here, or when it goes."""
+        (its new group's load done), when it is idle with nothing pending here, or when it goes
+        (``gone``: preempted in turn; its seconds count as lost, not as a survivor's)."""
         now = self.c.clock()
         for mid, since in list(self.lost_since.items()):
             run = next((r for r in self.runs.values() if mid in r.members), None)
@@ -368,5 +369,6 @@ class SimNode:
             else:
                 continue
             self.c.lost_gpu_s += end - since
-            self.c.survivor_s.append(end - since)
+            if mid not in gone:  # one preempted in turn is a loss, not a survivor's reconfiguration
+                self.c.survivor_s.append(end - since)
             del self.lost_since[mid]

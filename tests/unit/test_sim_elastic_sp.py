@@ -28,9 +28,15 @@ def test_regroup_in_place_beats_a_cold_restart_and_conserves_work():
     # the same trace and seed: the same GPU losses, and GPU-level losses interrupted running groups
     assert regroup["preemptions"] == cold["preemptions"] >= 50
     assert len(regroup["reconfig_s"]) >= 5 and len(cold["reconfig_s"]) >= 5
-    # survivors regroup with their weights; the cold arm restarts them (process + 41 GB model)
-    assert statistics.median(regroup["reconfig_s"]) < statistics.median(cold["reconfig_s"])
-    assert regroup["gpu_s_lost_reconfig"] * 5 < cold["gpu_s_lost_reconfig"]
+    # survivors regroup with their weights at once; the cold arm restarts them (process + 41 GB model)
+    t = rsim.timing
+    assert len(regroup["survivor_s"]) >= 3 and len(cold["survivor_s"]) >= 3
+    assert statistics.median(regroup["survivor_s"]) <= t.regroup_s + 1e-9
+    assert statistics.median(cold["survivor_s"]) >= t.restart_s - 1e-9 > 40 * t.regroup_s
+    assert regroup["gpu_s_lost_reconfig"] * 10 < cold["gpu_s_lost_reconfig"]
+    # the interrupted request itself waits for the host's next free GPUs in both arms (the scheduler
+    # re-forms it on whichever come free first), so its reconfiguration is no slower regrouping
+    assert statistics.fmean(regroup["reconfig_s"]) <= statistics.fmean(cold["reconfig_s"])
     for s in (regroup, cold):
         assert s["steps_lost"] == 0 and s["queue"]["duplicate_completions"] == 0 and s["dead_letters"] == []
     assert rsim.cluster.store.keys("commit/") == [] == csim.cluster.store.keys("commit/")
