@@ -106,6 +106,11 @@ class RuntimeConfig:
     sp_timeout_s: float = 5.0
     """Timeout of one collective inside an SP group: a member stuck on a hung (alive) peer gives up
     after this long, and is killed if it is still stuck ``sp_release_s`` after its group broke."""
+    sp_regroup: bool = True
+    """A broken SP group (a member lost) re-forms at a new epoch with its surviving processes (same
+    weights, nothing reloaded) and the node's idle workers; false (the cold-restart baseline): every
+    member told to leave a broken group is restarted (process, model reloaded from storage) before
+    it serves again."""
     step_delay_s: float = 0.0
     """Model a slower device (benches, fault tests): a worker waits this long after every denoising
     step it computes, so a notice or a kill lands mid-request (0: no wait)."""

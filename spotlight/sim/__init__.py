@@ -8,6 +8,8 @@ clock, with workers timed by a model instead of computing (DESIGN.md §7, the ``
 - ``config.py``: the recipe's ``[sim]`` section;
 - ``cluster.py``: the cores, the store's link, the injector's target;
 - ``node.py``: a simulated node (the agent's shell around the group scheduler and weights holders);
+- ``host.py``: a node whose GPUs come and go by spot instance (``sim.gpus_per_instance``: GPU-level
+  preemption of SP groups);
 - ``run.py``: the iteration driver (``SimRun``, ``simulate``).
 
 Every figure it produces is labelled ``sim``; it never stands in for a test of the math.

@@ -22,6 +22,11 @@ and at the end — which leaves the store holding exactly what per-step commits 
 them to the lease expiry or the controller's lost-node sweep. Steps are logged per request as the
 workers' step log is (``RequestSteps``), so steps lost and requests resumed are counted the same way.
 
+With ``sim.gpus_per_instance`` set, trace nodes are instances of that many GPUs placed on
+``SimHost``s (``spotlight.sim.host``), so a removal takes GPUs out of a host's SP groups; the
+cluster records each interrupted request's reconfiguration (``reconfig_s``) and the survivors'
+idle or reloading GPU-seconds (``lost_gpu_s``, ``survivor_s``).
+
 Knows nodes, leases and time; nothing of tensors or models. The driver (``spotlight.sim.run``)
 submits batches and waits on the clock.
 """
@@ -39,6 +44,7 @@ from spotlight.actors.store.core import TensorStoreConfig, TensorStoreCore
 from spotlight.comm import messages as m
 from spotlight.recipe import Recipe
 from spotlight.sim.clock import Timer, VirtualClock
+from spotlight.sim.host import SimHost
 from spotlight.sim.node import SimNode
 from spotlight.sim.timing import TimingModel
 from spotlight.spot.accounting import RequestSteps, SpotAccount
@@ -78,7 +84,7 @@ class SimCluster:
         self.controller = ControllerCore(recipe, "sim://queue", "sim://store", clock=clock)
         self.controller.on_event = account.on_event
         self.nodes: dict[str, SimNode] = {}
-        self.hungry: set[SimNode] = set()
+        self.hungry: dict[SimNode, None] = {}  # nodes in a long poll, in the order they began it
         self.ops = OpTimes()
         self.steps_log: dict[str, RequestSteps] = {}
         """Per rollout request, the steps each attempt computed (the workers' step log)."""
@@ -90,16 +96,31 @@ class SimCluster:
         self.busy_spot = 0
         self.busy_area = 0.0  # integral of busy spot GPUs over time
         self._area_t = clock()
+        self.gpus_per_instance = recipe.sim.gpus_per_instance
+        self.hosts: dict[str, SimHost] = {}  # GPU-level preemption: trace instance id -> its host
+        self.reconfig_s: list[float] = []
+        """Per rollout interrupted by a GPU loss: seconds from the loss to its resumed compute."""
+        self.lost_gpu_s = 0.0
+        """GPU-seconds the survivors of groups broken by GPU losses spent not computing (SimNode)."""
+        self.survivor_s: list[float] = []
+        """Per survivor of a group broken by a GPU loss: seconds until it computes again, or is free
+        with nothing waiting for it on its host (SimNode)."""
+        self._interrupted: dict[str, float] = {}
         clock.call_later(rt.node_sweep_s, self._sweep)
 
     # --- the Nodes protocol of the fault injector ---------------------------------------------------
     def add_node(self, node_id: str, *, metadata_url: str | None = None, warm: bool = False,
                  kind: str = "spot", gpus: int | None = None) -> None:
+        if kind == "spot" and self.gpus_per_instance is not None:
+            self._place(node_id)
+            return
         node = SimNode(self, node_id, kind, self.gpus_per_node if gpus is None else gpus)
         self.nodes[node_id] = node
         node.start(warm=warm or self.clock() <= 0)
 
     def signal_node(self, node_id: str, sig: int) -> bool:
+        if node_id in self.hosts:
+            return self.hosts.pop(node_id).lose(node_id, sig)
         node = self.nodes.get(node_id)
         if node is None or node.state == "gone":
             return False
@@ -110,8 +131,34 @@ class SimCluster:
         return True
 
     def node_alive(self, node_id: str) -> bool:
+        if self.gpus_per_instance is not None and node_id not in self.nodes:
+            host = self.hosts.get(node_id)
+            return host is not None and host.state != "gone" and node_id in host.slices
         node = self.nodes.get(node_id)
         return node is not None and node.state != "gone"
+
+    def _place(self, instance: str) -> None:
+        """A trace instance's GPUs go to the fullest live host with room for them, else a new host."""
+        g = self.gpus_per_instance
+        fits = [h for h in self.nodes.values() if isinstance(h, SimHost)
+                and h.state in ("starting", "serving") and h.gpus + g <= h.capacity]
+        host = max(fits, key=lambda h: h.gpus, default=None)
+        if host is None:
+            host = SimHost(self, f"host{len(self.nodes)}", self.gpus_per_node)
+            self.nodes[host.node_id] = host
+            host.start(warm=self.clock() <= 0)
+        self.hosts[instance] = host
+        host.add_slice(instance, g)
+
+    def interrupted(self, request_id: str) -> None:
+        """A GPU loss broke the group computing ``request_id`` (its reconfiguration starts now)."""
+        self._interrupted.setdefault(request_id, self.clock())
+
+    def resumed(self, request_id: str, ready: float) -> None:
+        """``request_id`` computes again from ``ready`` (a group formed for it has loaded)."""
+        since = self._interrupted.pop(request_id, None)
+        if since is not None:
+            self.reconfig_s.append(ready - since)
 
     def spot_pids(self) -> dict[str, list[int]]:
         return {}  # no processes: the chaos suite's random_fault has nothing to signal

@@ -5,6 +5,7 @@
     gpu = "h200"                 # h100, h200 (qwen-image-20b); cpu (tiny)
     resolution = 1280            # pixels per side; unset = the profile's default
     gpus_per_node = 8            # GPUs of each spot node; unset = spot.workers_per_node
+    gpus_per_instance = 1        # GPU-level preemption: a trace node is 1 GPU of a host; unset = a node
     trainer_gpus = 8             # the reserved trainer pool (billed as reserved)
     spot_gpus = 64               # without a [spot] trace: a fixed spot pool of this many GPUs
 
@@ -35,6 +36,10 @@ class SimConfig:
     """Image side in pixels; None = the profile's (1280 for qwen-image-20b, 32 for tiny)."""
     gpus_per_node: int | None = None
     """GPUs (workers) of each spot node; None = spot.workers_per_node."""
+    gpus_per_instance: int | None = None
+    """GPU-level preemption: each trace node is a spot instance of this many GPUs, placed on a host
+    of ``gpus_per_node`` GPUs (which it must divide) beside others, so a removal takes a share of a
+    host's GPUs out of its SP groups (``spotlight.sim.host``); None = a trace node is a whole node."""
     trainer_gpus: int = 1
     """GPUs of the reserved trainer pool (FSDP: the update splits across them), >= 1."""
     spot_gpus: int | None = None
@@ -50,7 +55,8 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         self.timing()  # unknown profile or GPU kind, a resolution off the latent grid: one line here
-        for name in ("gpus_per_node", "spot_gpus", "samples_per_request", "train_timesteps"):
+        for name in ("gpus_per_node", "gpus_per_instance", "spot_gpus", "samples_per_request",
+                     "train_timesteps"):
             v = getattr(self, name)
             least = 0 if name == "spot_gpus" else 1
             if v is not None and v < least:

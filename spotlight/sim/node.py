@@ -68,6 +68,8 @@ class SimNode:
         self.timers: list[Timer] = []
         self.loaded_at: dict[tuple[str, int], float] = {}  # (worker, version) -> when it holds it
         self.warm = self.registered = False
+        self.restarting: set[str] = set()  # members restarting cold (runtime.sp_regroup = false)
+        self.lost_since: dict[str, float] = {}  # survivors of a group broken by a GPU loss -> since
 
     # --- lifetime --------------------------------------------------------------------------------
     def start(self, warm: bool) -> None:
@@ -158,7 +160,7 @@ class SimNode:
             if run.timer is not None:
                 run.timer.cancel()
         self.timers.clear()
-        self.c.hungry.discard(self)
+        self.c.hungry.pop(self, None)
         self.c.set_busy(self, 0)
 
     # --- the pull loop -----------------------------------------------------------------------------
@@ -171,9 +173,9 @@ class SimNode:
             return
         grants = self.c.ops.timed("pull", self.c.queue.pull_many, self.pull_id, self.c.kinds(self.kind), want)
         if len(grants) < want:
-            self.c.hungry.add(self)  # a long poll: woken when work appears
+            self.c.hungry[self] = None  # a long poll: woken when work appears
         else:
-            self.c.hungry.discard(self)
+            self.c.hungry.pop(self, None)
         for g in grants:
             self.leases[g.request_id] = g
             self._do(self.sched.submit(g.request_id))
@@ -184,12 +186,30 @@ class SimNode:
                 self._form(cmd)
             elif isinstance(cmd, Finished):
                 self._finished(cmd)
-            elif isinstance(cmd, Leave):  # a broken group (a stall): its members stop now
+            elif isinstance(cmd, Leave):  # a broken group: its members stop now
                 self._drop(cmd.epoch)
-                self._do(self.sched.released(cmd.member, cmd.epoch))
+                if self.c.recipe.runtime.sp_regroup:  # same process, same weights: idle at once
+                    self._do(self.sched.released(cmd.member, cmd.epoch))
+                else:
+                    self._restart(cmd.member)
             elif isinstance(cmd, Kill):
                 self._do(self.sched.died(cmd.member, cmd.reason))
         self._update_busy()
+
+    def _restart(self, member: str) -> None:
+        """The cold-restart baseline: ``member`` is restarted (process, model from storage) and
+        joins again when it is loaded, as the agent's watcher does with a killed worker."""
+        self.holders.forget(member)
+        self.restarting.add(member)
+        self._do(self.sched.died(member, "restarted cold"))
+        self.timers.append(self.c.clock.call_later(self.c.timing.restart_s, lambda: self._rejoin(member)))
+
+    def _rejoin(self, member: str) -> None:
+        if member not in self.restarting or self.state != "serving":
+            return
+        self.restarting.discard(member)
+        self._do(self.sched.join(member))
+        self.pull()
 
     def _form(self, cmd: Form) -> None:
         c, lease = self.c, self.leases[cmd.request_id]
@@ -204,7 +224,10 @@ class SimNode:
         else:
             steps = c.steps
             step_s = c.timing.step_s(len(work.seeds), len(members))
-        ready = c.clock() + self._load(members, work.version)
+        req = self.sched.requests.get(cmd.request_id)
+        regroup = c.timing.regroup_s if req is not None and req.attempts > 1 else 0.0
+        ready = c.clock() + regroup + self._load(members, work.version)
+        c.resumed(cmd.request_id, ready)
         run = _Run(lease, cmd.epoch, members, ready, first, steps, step_s)
         self.runs[cmd.epoch] = run
         run.timer = c.clock.call_at(ready + (steps - first) * step_s, lambda: self._complete(run))
@@ -329,3 +352,23 @@ class SimNode:
         if self.state == "gone":
             return
         self.c.set_busy(self, sum(len(r.members) for r in self.runs.values()))
+        self._count_lost()
+
+    def _count_lost(self, gone: tuple[str, ...] = ()) -> None:
+        """A survivor of a group broken by a GPU loss stops counting as lost when it computes again
+        (its new group's load done), when it is idle with nothing pending here, or when it goes
+        (``gone``: preempted in turn; its seconds count as lost, not as a survivor's)."""
+        now = self.c.clock()
+        for mid, since in list(self.lost_since.items()):
+            run = next((r for r in self.runs.values() if mid in r.members), None)
+            member = self.sched.members.get(mid)
+            if run is not None:
+                end = max(run.start_s, since)
+            elif mid in gone or (member is not None and member.state == "idle" and not self.sched.pending):
+                end = now
+            else:
+                continue
+            self.c.lost_gpu_s += end - since
+            if mid not in gone:  # one preempted in turn is a loss, not a survivor's reconfiguration
+                self.c.survivor_s.append(end - since)
+            del self.lost_since[mid]

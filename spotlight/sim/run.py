@@ -53,8 +53,12 @@ class SimRun:
         self.timing = sim.timing()
         self.gpus_per_node = sim.gpus_per_node or sp.workers_per_node
         self.replay = spot_replay(sp)
+        per = sim.gpus_per_instance
+        if per is not None and self.gpus_per_node % per:
+            raise ConfigError(f"sim.gpus_per_instance ({per}) must divide the GPUs of a node "
+                              f"({self.gpus_per_node})")
         if self.replay is not None:
-            most = max(n for _, n in self.replay.steps()) * self.gpus_per_node
+            most = max(n for _, n in self.replay.steps()) * (per or self.gpus_per_node)
             if most < rt.sp_degree:
                 raise ConfigError(f"spot trace {self.replay.trace.source}: at most {most} spot GPUs "
                                   f"({self.gpus_per_node} per node), fewer than one SP group of "
@@ -288,6 +292,8 @@ class SimRun:
             "requests_resumed": snap.get("requests_resumed"), "steps_lost": snap.get("steps_lost"),
             "queue": q.stats(), "dead_letters": q.dead_letters, "events_run": self.clock.events_run,
             "rewards": "not simulated (no tensors)",
+            "reconfigurations": len(self.cluster.reconfig_s), "reconfig_s": self.cluster.reconfig_s,
+            "survivor_s": self.cluster.survivor_s, "gpu_s_lost_reconfig": round(self.cluster.lost_gpu_s, 3),
         }
 
 

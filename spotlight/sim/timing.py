@@ -7,6 +7,7 @@
 - ``train_s(samples, timesteps, gpus)``: the GRPO update of one iteration on the reserved trainer pool;
 - ``cold_load_s``, ``store_fetch_s(bytes)``, ``peer_copy_s(bytes)``: the model from cold storage,
   a weights update from the tensor store across nodes, a copy from a worker on the same node;
+- ``regroup_s``, ``restart_s``: an SP group re-formed on its live workers; a worker restarted cold;
 - ``node_start_s``: a spot node from the market's grant to its agent registering;
 - ``notice_s(cloud)``: the cloud's spot warning (``spotlight.spot.config.NOTICE_S``).
 
@@ -141,6 +142,15 @@ PCIE_GBPS = 50.0
 # A spot node from the market's grant to a registered agent: VM boot and a multi-GB container image
 # pull, 3 minutes (an assumption within the "minutes" the paper states for a cold start).
 NODE_START_S = 180.0
+# A group re-formed at a new epoch with its surviving workers (no reload): kill -> first resumed step
+# 0.50-0.65 s, this project's H200 measurement of the degree-1 re-form under NCCL (docs/BENCHMARKS.md
+# "The GPU paths on one H200"); 0.5 s taken for any degree (a larger group's NCCL init is not measured).
+# The tiny profile: 0.142 s, the runtime's degree-2 regroup on this machine (BENCHMARKS "Elastic SP").
+REGROUP_S = 0.5
+# A worker process restarted on a GPU before its model loads: interpreter, torch + diffusers imports,
+# CUDA context and NCCL set-up, 20 s (an assumption: the tiny CPU worker's imports alone took 2.3-3.4 s
+# on a quiet machine, DESIGN.md §7; CUDA initialisation adds seconds).
+WORKER_START_S = 20.0
 # Trainer step overheads: optimizer step and LoRA gradient all-reduce are negligible at rank 32;
 # a trained timestep costs 3 forwards (forward, recompute under checkpointing, activation gradients;
 # LoRA weight gradients are tiny) plus 1 reference forward for the KL term.
@@ -211,6 +221,18 @@ class TimingModel:
         if p.measured_step_s is not None:
             return 2.3  # a cold tiny worker: 2.3-3.4 s measured (DESIGN.md §7: imports + model)
         return p.weights_bytes / (COLD_READ_GBPS * GB) + p.weights_bytes / (PCIE_GBPS * GB)
+
+    @property
+    def regroup_s(self) -> float:
+        """A broken SP group re-formed at a new epoch on live workers: new communicator, resume."""
+        return 0.142 if self.profile.measured_step_s is not None else REGROUP_S
+
+    @property
+    def restart_s(self) -> float:
+        """A worker restarted cold on a GPU it held: process start, then the model from storage."""
+        if self.profile.measured_step_s is not None:
+            return self.cold_load_s  # measured as a whole: imports + model
+        return WORKER_START_S + self.cold_load_s
 
     def store_fetch_s(self, nbytes: float) -> float:
         """``nbytes`` through the store's NIC (the caller queues concurrent fetches on it)."""

@@ -60,11 +60,10 @@ SEEDS = [11, 12, 13, 14]
 PROMPT = "a red circle"
 
 
-@pytest.fixture(scope="module")
-def runtime(tmp_path_factory):
+def _runtime(tmp_path_factory, *extra: str):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("sp")
-    recipe = load_recipe("tiny", [*TINY, f'run.out_dir="{out}"'])
+    recipe = load_recipe("tiny", [*TINY, f'run.out_dir="{out}"', *extra])
     torch.manual_seed(0)
     model = build_policy_model(recipe)
     with pytest.MonkeyPatch.context() as env:
@@ -75,6 +74,17 @@ def runtime(tmp_path_factory):
             yield rt
             pids = rt.pids()
     assert [p for p in pids if alive(p)] == []
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    yield from _runtime(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def cold_runtime(tmp_path_factory):  # the baseline: one group, no spare, survivors restarted cold
+    yield from _runtime(tmp_path_factory, "runtime.sp_regroup=false", "runtime.reserved_workers=2",
+                        "runtime.spot_workers=0")
 
 
 def cmdline_arg(pid: int, flag: bytes) -> str:
@@ -246,3 +256,22 @@ def test_notice_stops_the_group_at_one_step_releases_and_another_group_resumes(r
         assert meta["worker"].startswith("local-reserved") or result is not moved
     log = (rt.log_dir / "agent-spot.log").read_text()
     assert "did not stop cleanly" not in log  # both ranks stopped at the same step boundary
+
+
+def test_cold_restart_baseline_restarts_the_survivor_and_completes_bit_identical(cold_runtime):
+    rt = cold_runtime  # runtime.sp_regroup = false: the survivor is restarted, not regrouped
+    before = wait_for(lambda: (w := workers(rt)) and len(w) == 2 and w, 120, "two workers")
+    job = m.RolloutWork(prompt=PROMPT, seeds=SEEDS, version=0)
+    rt.call(rt.queue.submit([m.WorkRequest(request_id="cold/0", batch="cold", work=job)]))
+    held = wait_for(lambda: rt.call(rt.store.get_commit("cold/0")), 60, "a commit of cold/0")
+    survivor, victim = held[2]["group"]
+    os.kill(before[victim], signal.SIGKILL)
+    done = rt.call(rt.queue.wait_batch("cold", 120), timeout=150)
+    (result,) = done.results
+    traj, _ = rt.call(rt.store.get(result.key))
+    assert torch.equal(torch.from_numpy(traj["latents"].copy()), torch.stack(rt.reference.latents))
+    assert result.resumed_from >= 1  # from its commit, on restarted workers
+    after = wait_for(lambda: (w := workers(rt)) and len(w) == 2 and w, 120, "both restarted")
+    assert after[survivor] != before[survivor] and after[victim] != before[victim]  # both new processes
+    log = (rt.log_dir / "agent-reserved.log").read_text()
+    assert f"restarting {survivor} cold" in log

@@ -165,7 +165,8 @@ def test_baselines_switch_options_of_the_one_recipe(tmp_path):
                                                        "runtime": {"spot_workers", "reserved_workers"}}
     assert reserved["runtime"]["spot_workers"] == 0 and reserved["spot"]["trace"] is None
     changed = {s: {k for k in tiny[s] if tiny[s][k] != naive[s][k]} for s in tiny}
-    assert changed["runtime"] == {"step_commits"} and naive["runtime"]["step_commits"] is False
+    assert changed["runtime"] == {"step_commits", "sp_regroup"} and naive["runtime"]["step_commits"] is False
+    assert naive["runtime"]["sp_regroup"] is False
     assert naive["explore"]["schedule"] == "critical"
     mine = tmp_path / "mine.toml"  # a user's recipe may extend a built-in one, and be overridden
     mine.write_text('extends = "naive_spot"\n[run]\nname = "mine"\n')

@@ -30,6 +30,9 @@ workers); this module carries them out with the node's real worker processes:
   group; when a spare let the request re-form without it, its restart (interpreter, imports,
   model: CPU-seconds) waits until the new group's first commit is seen, at most
   ``runtime.sp_timeout_s``, so it does not compete with the resumed steps for the node's cores.
+  With ``runtime.sp_regroup = false`` (the cold-restart baseline) the survivors are killed and
+  restarted instead of told to leave: the request re-forms on restarted, reloaded workers (or on
+  idle ones).
   A request whose lease the queue gave to another attempt is dropped
   (``GroupScheduler.cancel``).
 - A spot notice: every busy member stops at a step boundary (rank 0's commits flushed), every
@@ -170,6 +173,10 @@ class GroupServer:
         for c in cmds:
             if isinstance(c, Form):
                 self._form(c)
+            elif isinstance(c, Leave) and not self.rt.sp_regroup:  # the cold-restart baseline
+                log.warning("restarting %s cold: its group of epoch %d broke", c.member, c.epoch)
+                self.killing.add(c.member)
+                self._tg.create_task(self.handles[c.member].kill())  # its watcher restarts it
             elif isinstance(c, Leave):
                 self._tg.create_task(self._leave_member(self.handles[c.member], c.epoch))
             elif isinstance(c, Kill):
