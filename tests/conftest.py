@@ -17,8 +17,9 @@ torch.set_num_threads(1)  # 2-core CI machine: oversubscribed intra-op threads c
 # Set by the tools themselves, not by a test: pytest's phase marker, and torch's inductor, which
 # writes its default cache folder into the environment the first time it is asked for it.
 # On the GPU image (H200, 2026-11-30) a library the CUDA paths load sets the two KMP_ variables.
+# opencv-python (under the OCR reward's rapidocr) sets its library and Qt paths on first import.
 _ENV_SET_BY_TOOLS = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "KMP_DUPLICATE_LIB_OK",
-                    "KMP_INIT_AT_FORK"}
+                    "KMP_INIT_AT_FORK", "LD_LIBRARY_PATH", "QT_QPA_FONTDIR", "QT_QPA_PLATFORM_PLUGIN_PATH"}
 
 
 def _global_state() -> tuple[dict, set]:
