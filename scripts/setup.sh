@@ -23,4 +23,14 @@ if { [ -x .venv/bin/uv ] || pip install -q uv 2>/dev/null; } && uv pip install -
 else
   pip install -q -e ".[dev]"
 fi
+# SkyPilot, which launches the cluster files in launch/skypilot/ and whose own parser a test runs,
+# in a venv of its own: it pins click<8.2, which in .venv would hold diffusers below 0.42.
+if [ ! -x .venv-sky/bin/python ] || ! .venv-sky/bin/python -c "import sky" 2>/dev/null; then
+  "$PY" -m venv .venv-sky
+  if [ -x .venv/bin/uv ]; then
+    .venv/bin/uv pip install -q --python .venv-sky/bin/python "skypilot>=0.10"
+  else
+    .venv-sky/bin/pip install -q "skypilot>=0.10"
+  fi
+fi
 python -c "import torch, diffusers, zmq, msgpack; print('spotlight setup ok: torch', torch.__version__, '| diffusers', diffusers.__version__, '| cuda', torch.cuda.is_available())"
