@@ -26,6 +26,21 @@ import torch
 GB = 1e9
 LORA_RANK = 32
 
+# The 16-channel VAE FLUX.1 and SD3/3.5 share, and their CLIP-L text encoder (the folders' configs).
+SD_VAE = dict(
+    in_channels=3,
+    out_channels=3,
+    latent_channels=16,
+    block_out_channels=(128, 256, 512, 512),
+    layers_per_block=2,
+    down_block_types=("DownEncoderBlock2D",) * 4,
+    up_block_types=("UpDecoderBlock2D",) * 4,
+    use_quant_conv=False,
+    use_post_quant_conv=False,
+)
+CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+              vocab_size=49408)
+
 FULL = {
     "qwen-image": {
         "transformer": (
@@ -88,30 +103,13 @@ FULL = {
                 axes_dims_rope=(16, 56, 56),
             ),
         ),
-        "vae": (
-            "AutoencoderKL",
-            dict(
-                in_channels=3,
-                out_channels=3,
-                latent_channels=16,
-                block_out_channels=(128, 256, 512, 512),
-                layers_per_block=2,
-                down_block_types=("DownEncoderBlock2D",) * 4,
-                up_block_types=("UpDecoderBlock2D",) * 4,
-                use_quant_conv=False,
-                use_post_quant_conv=False,
-            ),
-        ),
+        "vae": ("AutoencoderKL", SD_VAE),
         "text": [
             (
                 "CLIPTextModel",
                 "CLIPTextConfig",
                 dict(
-                    hidden_size=768,
-                    intermediate_size=3072,
-                    num_hidden_layers=12,
-                    num_attention_heads=12,
-                    vocab_size=49408,
+                    **CLIP_L,
                 ),
             ),
             (
@@ -148,30 +146,13 @@ FULL = {
                 dual_attention_layers=tuple(range(13)),
             ),
         ),
-        "vae": (
-            "AutoencoderKL",
-            dict(
-                in_channels=3,
-                out_channels=3,
-                latent_channels=16,
-                block_out_channels=(128, 256, 512, 512),
-                layers_per_block=2,
-                down_block_types=("DownEncoderBlock2D",) * 4,
-                up_block_types=("UpDecoderBlock2D",) * 4,
-                use_quant_conv=False,
-                use_post_quant_conv=False,
-            ),
-        ),
+        "vae": ("AutoencoderKL", SD_VAE),
         "text": [
             (
                 "CLIPTextModelWithProjection",
                 "CLIPTextConfig",
                 dict(
-                    hidden_size=768,
-                    intermediate_size=3072,
-                    num_hidden_layers=12,
-                    num_attention_heads=12,
-                    vocab_size=49408,
+                    **CLIP_L,
                     projection_dim=768,
                 ),
             ),
