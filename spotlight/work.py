@@ -124,9 +124,13 @@ class Rollout:
         return sde_advance(self.model, self.state, self.text, self.seeds, self.sampler)
 
     @torch.no_grad()
+    def images(self) -> np.ndarray:
+        """The group's final samples as the reward sees them: uint8 [B, H, W, 3], decoded by the
+        model (a pipeline's VAE) when it works in a latent space."""
+        return to_uint8_images(to_images(self.model, self.state.latents[-1]))
+
     def rewards(self, reward) -> np.ndarray:
-        final = to_images(self.model, self.state.latents[-1])
-        return np.asarray(reward(to_uint8_images(final), self.prompts), dtype=np.float32)
+        return np.asarray(reward(self.images(), self.prompts), dtype=np.float32)
 
     async def rewards_async(self, reward) -> np.ndarray:
         """``rewards``, awaited: a reward with ``score_async`` (its own thread pool: ocr) scores while
@@ -134,9 +138,7 @@ class Rollout:
         score = getattr(reward, "score_async", None)
         if score is None:
             return self.rewards(reward)
-        with torch.no_grad():
-            images = to_uint8_images(self.state.latents[-1].clamp(-1, 1))
-        return np.asarray(await score(images, self.prompts), dtype=np.float32)
+        return np.asarray(await score(self.images(), self.prompts), dtype=np.float32)
 
 
 def rollout(model, job: RolloutWork, sampler: SamplerConfig, reward, shape) -> Group:

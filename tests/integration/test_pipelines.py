@@ -184,6 +184,10 @@ def test_bad_pipeline_folders_are_one_line(tiny_pipeline_dir, tmp_path):
         load_recipe(None, [f"model.pipeline={folder}", "model.image_size=34"])
     assert "multiple of 4" in _one_line(e)
 
+    with pytest.raises(ConfigError) as e:  # a pipeline's canvas is square: no silent square strip
+        load_recipe(None, [f"model.pipeline={folder}", "model.image_width=64"])
+    assert "model.image_width" in _one_line(e)
+
     with pytest.raises(ConfigError) as e:  # the Ulysses processor is wired for the embedded model only
         load_recipe("tiny_pipeline", [f"model.pipeline={folder}", "runtime.sp_degree=2",
                                       "runtime.reserved_workers=2", "runtime.spot_workers=2"])
@@ -343,6 +347,26 @@ def test_grpo_iteration_with_the_ocr_reward_on_decoded_images(tiny_pipeline_dir,
     rewards = np.asarray(rec["rewards"][0])
     assert rewards.shape == (4,) and ((0 <= rewards) & (rewards <= 1)).all()  # random weights read little
     assert rec["ratio_dev"] < 1e-4 and np.isfinite(rec["loss"])
+
+
+def test_a_worker_s_awaited_ocr_score_reads_the_decoded_images(tiny_pipeline_dir, tmp_path):
+    """The runtime's worker awaits `score_async`; it must score the VAE-decoded images, as the
+    in-process `rewards` does, not the latents."""
+    import asyncio
+
+    from spotlight import work
+    from spotlight.comm.messages import RolloutWork
+    from spotlight.rewards import make_reward
+
+    recipe = _recipe(tiny_pipeline_dir("qwen-image"), tmp_path)
+    model = work.recipe_model(recipe.model)
+    job = RolloutWork(prompt='a sign that says "SPOT"', seeds=[1, 2], version=0)
+    run = work.Rollout(model, job, recipe.sampler, work.image_shape(recipe))
+    while not run.done:
+        run.step()
+    assert run.images().shape == (2, SIZE, SIZE, 3)  # decoded pixels, not [2, C, h, w] latents
+    reward = make_reward("ocr", mode="full", threads=1)
+    np.testing.assert_array_equal(asyncio.run(run.rewards_async(reward)), run.rewards(reward))
 
 
 def test_qwen_image_recipe_takes_the_ocr_reward(tiny_pipeline_dir):
