@@ -113,7 +113,6 @@ class Recipe:
         if self.runtime.sp_degree > 1:  # groups split the heads and the image tokens
             from spotlight.parallel.ulysses import check_degree
 
-            mc = self.model
             check_degree(self.runtime.sp_degree, mc.heads, mc.tokens)
             if mc.dit_class != "QwenImageTransformer2DModel":
                 raise ConfigError("runtime.sp_degree > 1 supports model.dit_class "

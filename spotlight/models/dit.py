@@ -75,6 +75,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.pipeline is not None:  # the folder itself is checked where the recipe is read
+            if self.image_width:
+                raise ConfigError("model.image_width is the embedded model's; a pipeline's canvas is "
+                                  "model.image_size square")
             if self.max_sequence_length < 1:
                 raise ConfigError(f"model.max_sequence_length must be >= 1, got {self.max_sequence_length}")
             if self.dtype not in ("float32", "bfloat16"):
