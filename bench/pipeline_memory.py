@@ -26,7 +26,8 @@ import torch
 GB = 1e9
 LORA_RANK = 32
 
-# The 16-channel VAE FLUX.1 and SD3/3.5 share, and their CLIP-L text encoder (the folders' configs).
+# The 16-channel VAE FLUX.1 and SD3/3.5 share, and their CLIP-L and T5-XXL text encoders (the folders'
+# configs).
 SD_VAE = dict(
     in_channels=3,
     out_channels=3,
@@ -38,6 +39,8 @@ SD_VAE = dict(
     use_quant_conv=False,
     use_post_quant_conv=False,
 )
+T5_XXL = dict(d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24, vocab_size=32128,
+              feed_forward_proj="gated-gelu")
 CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
               vocab_size=49408)
 
@@ -115,15 +118,7 @@ FULL = {
             (
                 "T5EncoderModel",
                 "T5Config",
-                dict(
-                    d_model=4096,
-                    d_ff=10240,
-                    d_kv=64,
-                    num_heads=64,
-                    num_layers=24,
-                    vocab_size=32128,
-                    feed_forward_proj="gated-gelu",
-                ),
+                T5_XXL,
             ),
         ],
     },
@@ -171,15 +166,7 @@ FULL = {
             (
                 "T5EncoderModel",
                 "T5Config",
-                dict(
-                    d_model=4096,
-                    d_ff=10240,
-                    d_kv=64,
-                    num_heads=64,
-                    num_layers=24,
-                    vocab_size=32128,
-                    feed_forward_proj="gated-gelu",
-                ),
+                T5_XXL,
             ),
         ],
     },

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +27,6 @@ from spotlight.comm import messages as m
 from spotlight.comm.auth import (
     cluster_client_keys,
     cluster_server_keys,
-    generate_keypair,
 )
 from spotlight.comm.transport import RpcClient, RpcServer
 from spotlight.errors import ActorTimeout, NotFound
@@ -43,19 +41,6 @@ TINY = [
     "explore.candidates=4",
 ]
 
-
-@pytest.fixture
-def keys(tmp_path: Path) -> dict[str, Path]:
-    """A reserved folder, a listed spot node's folder, an unlisted node's folder."""
-    reserved, good, bad = tmp_path / "reserved", tmp_path / "spot", tmp_path / "intruder"
-    pub, _ = generate_keypair(reserved, "controller")
-    node_pub, _ = generate_keypair(good, "node")
-    (reserved / "nodes").mkdir()
-    shutil.copy(node_pub, reserved / "nodes" / "spot-1.key")  # the operator lists the node
-    generate_keypair(bad, "node")  # never listed
-    for folder in (good, bad):
-        shutil.copy(pub, folder / "controller.key")
-    return {"reserved": reserved, "good": good, "bad": bad}
 
 
 @pytest.fixture

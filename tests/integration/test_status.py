@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from tiny_recipe import TINY_MODEL
@@ -22,25 +20,11 @@ from spotlight.actors.config import ServeConfig
 from spotlight.actors.runtime import LocalRuntime
 from spotlight.cli import main
 from spotlight.comm import messages as m
-from spotlight.comm.auth import generate_keypair
 from spotlight.recipe import load_recipe
 from spotlight.work import policy_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-
-@pytest.fixture
-def keys(tmp_path: Path) -> dict[str, Path]:
-    """A reserved folder, a listed spot node's folder, an unlisted node's folder."""
-    reserved, good, bad = tmp_path / "reserved", tmp_path / "spot", tmp_path / "intruder"
-    pub, _ = generate_keypair(reserved, "controller")
-    node_pub, _ = generate_keypair(good, "node")
-    (reserved / "nodes").mkdir()
-    shutil.copy(node_pub, reserved / "nodes" / "spot.key")
-    generate_keypair(bad, "node")
-    for folder in (good, bad):
-        shutil.copy(pub, folder / "controller.key")
-    return {"reserved": reserved, "good": good, "bad": bad}
 
 
 def _one_line_error(capsys, argv: list[str], within: float) -> str:

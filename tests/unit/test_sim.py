@@ -54,8 +54,7 @@ def _run(recipe):
 
 @pytest.mark.skipif(not TRACE.exists(), reason="the AWS trace is not here")
 def test_real_trace_at_64_gpus_conserves_work(tmp_path):
-    sim, summary, done, wall = _run(_recipe(tmp_path))
-    assert wall < 30, f"4 trace hours at 64 GPUs took {wall:.1f} s"
+    sim, summary, done, _ = _run(_recipe(tmp_path))  # its wall time is the scale bench's figure
     its = sim.records
     assert len(its) >= 8 and summary["sim_s"] >= 4 * 3600
     q = summary["queue"]
