@@ -87,7 +87,7 @@ class RequestQueueCore:
         self._open: dict[str, int] = {}
         self._batch_done: dict[str, asyncio.Event] = {}
         self._work = asyncio.Event()  # set (and replaced) when work is queued and pulls wait
-        self._revoked = asyncio.Event()  # set (and replaced) when a lease stops being current
+        self._revoked: dict[tuple[str, int], asyncio.Event] = {}  # (request, attempt) watched -> its event
         self._pullers_waiting = 0
         self.on_deadline: Callable[[float], None] | None = None  # the expiry timer's hook
         self.dead_letters: list[dict[str, Any]] = []
@@ -182,10 +182,12 @@ class RequestQueueCore:
         """True as soon as lease ``attempt`` of ``request_id`` is no longer current (cancelled with
         its batch, expired, released, re-queued with a lost node, or forgotten); False if it still
         is after ``max_wait_s`` (event loop time)."""
+        if not self.holds(request_id, attempt):
+            return True
+        revoked = self._revoked.setdefault((request_id, attempt), asyncio.Event())
         try:
             async with asyncio.timeout(max_wait_s):
-                while self.holds(request_id, attempt):
-                    await self._revoked.wait()
+                await revoked.wait()
         except TimeoutError:
             return False
         return True
@@ -277,10 +279,7 @@ class RequestQueueCore:
     def _live_lease(self, rid: str, attempt: int, deadline: float) -> bool:
         """Whether a lease-heap entry is still the request's current lease (entries of renewed,
         finished and forgotten requests stay in the heap and are skipped lazily)."""
-        rec = self._requests.get(rid)
-        return (
-            rec is not None and rec.state == "leased" and rec.attempt == attempt and rec.deadline == deadline
-        )
+        return self.holds(rid, attempt) and self._requests[rid].deadline == deadline
 
     # --- batches ---------------------------------------------------------------------------
     async def wait_batch(self, batch: str, timeout_s: float | None = None) -> m.BatchDone:
@@ -326,7 +325,6 @@ class RequestQueueCore:
             raise ProtocolError(f"batch {batch} is not finished")
         for rid in self._batches.pop(batch):
             del self._requests[rid]
-        self._revoke()
         self._open.pop(batch, None)
         self._batch_done.pop(batch, None)
 
@@ -354,14 +352,15 @@ class RequestQueueCore:
         if self.on_deadline is not None:
             self.on_deadline(rec.deadline)
 
-    def _revoke(self) -> None:
-        """A lease stopped being current: wake every ``wait_revoked`` (each checks its own)."""
-        self._revoked.set()
-        self._revoked = asyncio.Event()
+    def _revoke(self, rec: _Request) -> None:
+        """``rec``'s current lease stops being current: wake the ``wait_revoked`` calls on it."""
+        revoked = self._revoked.pop((rec.request_id, rec.attempt), None)
+        if revoked is not None:
+            revoked.set()
 
     def _enqueue(self, rec: _Request) -> None:
         if rec.state == "leased":
-            self._revoke()
+            self._revoke(rec)
         rec.state, rec.worker_id = "queued", None
         heapq.heappush(self._ready[rec.kind], (rec.seq, rec.request_id))
         if self._pullers_waiting:  # wake every waiting pull; each retries and re-waits if beaten
@@ -390,7 +389,7 @@ class RequestQueueCore:
         return batch in self._batches and self._open.get(batch, 0) == 0
 
     def _finished(self, rec: _Request) -> None:
-        self._revoke()
+        self._revoke(rec)
         self._open[rec.batch] -= 1
         if self._open[rec.batch] == 0 and rec.batch in self._batch_done:
             self._batch_done[rec.batch].set()

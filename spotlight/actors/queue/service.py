@@ -73,8 +73,9 @@ def queue_handlers(core: RequestQueueCore) -> dict[type[m.Message], Callable[[An
         return done
 
     def wait_revoked(msg: m.WaitRevoked) -> Any:
-        if not core.holds(msg.request_id, msg.attempt) or msg.max_wait_s <= 0:  # answered inline
-            return m.LeaseRevoked(revoked=not core.holds(msg.request_id, msg.attempt))
+        held = core.holds(msg.request_id, msg.attempt)
+        if not held or msg.max_wait_s <= 0:  # answered inline
+            return m.LeaseRevoked(revoked=not held)
 
         async def long_poll() -> m.Message:
             revoked = await core.wait_revoked(msg.request_id, msg.attempt, msg.max_wait_s)
