@@ -17,6 +17,7 @@ has something to fix. Knows nothing of RL or the runtime.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import random
@@ -94,33 +95,34 @@ def batch(rng: random.Random, n: int, size: int) -> tuple[torch.Tensor, list[str
     return x, [s.caption() for s in scenes]
 
 
-class _Scenes(torch.utils.data.IterableDataset):
-    """Endless rendered batches; worker w of a DataLoader draws from its own seeded stream."""
+class _Batches(torch.utils.data.IterableDataset):
+    """Endless batches ``make(rng)``; worker w of a DataLoader draws from its own seeded stream."""
 
-    def __init__(self, seed: int, batch_size: int, size: int) -> None:
-        self.seed, self.batch_size, self.size = seed, batch_size, size
+    def __init__(self, seed: int, make) -> None:
+        self.seed, self.make = seed, make
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         rng = random.Random(self.seed * 1_000_003 + (info.id + 1 if info else 0))
         while True:
-            yield batch(rng, self.batch_size, self.size)
+            yield self.make(rng)
 
 
 def batches(cfg: PretrainConfig, size: int, pin: bool):
-    """Training batches: rendered here (workers = 0: the seeded stream of `batch`), or by
-    `cfg.workers` processes ahead of the trainer."""
+    """Training batches of the task (rendered scenes, or rendered training words): rendered here
+    (workers = 0: the seeded stream of `batch` / `text_batch`), or by `cfg.workers` processes ahead
+    of the trainer."""
     if cfg.task == "text":
-        rng = random.Random(cfg.seed)
         _, height, width = cfg.model.shape
-        while True:
-            yield text_batch(rng, cfg.batch_size, height, width)
+        make = functools.partial(text_batch, n=cfg.batch_size, height=height, width=width)
+    else:
+        make = functools.partial(batch, n=cfg.batch_size, size=size)
     if cfg.workers == 0:
         rng = random.Random(cfg.seed)
         while True:
-            yield batch(rng, cfg.batch_size, size)
+            yield make(rng)
     loader = torch.utils.data.DataLoader(
-        _Scenes(cfg.seed, cfg.batch_size, size), batch_size=None, num_workers=cfg.workers,
+        _Batches(cfg.seed, make), batch_size=None, num_workers=cfg.workers,
         pin_memory=pin, prefetch_factor=4, persistent_workers=True,
     )
     yield from loader

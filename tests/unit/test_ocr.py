@@ -186,3 +186,19 @@ def test_rendered_pretraining_set():
     assert all(text_task.quoted_text(p) in text_task.TRAIN_WORDS for p in prompts)
     with pytest.raises(ConfigError, match="pretrain.task"):
         PretrainConfig(task="letters")
+
+
+def test_text_pretraining_renders_in_worker_processes():
+    """`pretrain --task text --workers N` renders the training words in N processes ahead of the
+    trainer (each its own seeded stream), as the shapes task does."""
+    from spotlight.models.dit import ModelConfig
+    from spotlight.pretrain import PretrainConfig, batches
+
+    cfg = PretrainConfig(task="text", workers=2, batch_size=4, model=ModelConfig(image_size=16, image_width=64))
+    stream = batches(cfg, 16, pin=False)
+    drawn = [next(stream) for _ in range(2)]
+    stream.close()
+    for x, prompts in drawn:
+        assert x.shape == (4, 3, 16, 64)
+        assert all(text_task.quoted_text(p) in text_task.TRAIN_WORDS for p in prompts)
+    assert drawn[0][1] != drawn[1][1]  # two workers, two streams
