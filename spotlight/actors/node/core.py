@@ -59,10 +59,8 @@ from spotlight.comm.auth import cluster_client_keys
 from spotlight.comm.transport import RpcClient
 from spotlight.errors import (
     ActorTimeout,
-    Cancelled,
     ConfigError,
     NotFound,
-    Preempted,
     SpotlightError,
 )
 
@@ -347,7 +345,7 @@ class NodeAgent(NodeSession):
         try:
             peer = self.weights_peer(h, lease.work.version)
             async with asyncio.TaskGroup() as tg:
-                run = tg.create_task(self._call_run(h, lease, peer))
+                run = tg.create_task(self.call_run(h, m.WorkerRun(lease=lease, peer=peer)))
                 died = tg.create_task(h.proc.wait())
                 beat = tg.create_task(self._heartbeats(h, lease))
                 revoked = tg.create_task(self.cancel_when_revoked(h, lease))
@@ -365,10 +363,7 @@ class NodeAgent(NodeSession):
                 completes.create_task(self.complete(h.worker_id, lease, value.result))
             elif outcome == "preempted":
                 await self.release(h.worker_id, lease)
-            elif outcome == "cancelled":  # its lease is gone already: nothing to tell the queue
-                self.stats["cancelled"] += 1
-                log.info("%s", value)
-            else:
+            elif outcome != "cancelled":  # (cancelled: its lease is gone already, nothing to tell)
                 self.stats["failed"] += 1
                 log.warning("%s failed %s: %s", h.worker_id, lease.request_id, value)
                 try:
@@ -381,20 +376,6 @@ class NodeAgent(NodeSession):
                     await h.kill()  # hung: the slot restarts it
         finally:
             self.busy.pop(h.worker_id, None)
-
-    async def _call_run(self, h: WorkerHandle, lease: m.LeaseGrant, peer: m.WeightsPeer | None = None):
-        """The worker's answer as (outcome, value), so a failure is data for the slot to act on."""
-        try:
-            return "ok", await h.rpc.call(m.WorkerRun(lease=lease, peer=peer),
-                                          timeout=self.runtime.request_timeout_s)
-        except Preempted as e:
-            return "preempted", e
-        except Cancelled as e:
-            return "cancelled", e
-        except ActorTimeout as e:
-            return "timeout", e
-        except SpotlightError as e:
-            return "error", e
 
     async def _heartbeats(self, h: WorkerHandle, lease: m.LeaseGrant) -> None:
         q, every = self.queue, self.runtime.heartbeat_s

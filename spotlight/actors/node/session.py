@@ -31,7 +31,16 @@ from spotlight.actors.node.holders import WeightsHolders
 from spotlight.actors.queue.client import QueueClient
 from spotlight.actors.worker.client import WorkerHandle
 from spotlight.comm import messages as m
-from spotlight.errors import ActorTimeout, ConfigError, NotFound, SpotlightError, StaleAttempt
+from spotlight.errors import (
+    ActorTimeout,
+    Cancelled,
+    ConfigError,
+    GroupBroken,
+    NotFound,
+    Preempted,
+    SpotlightError,
+    StaleAttempt,
+)
 
 # A message about a lease the queue no longer honours: another attempt owns the request
 # (StaleAttempt) or its iteration is finished and forgotten (NotFound). Counted, never fatal.
@@ -160,6 +169,25 @@ class NodeSession:
                     break
         self.holders.handed(h.worker_id, version)
         return peer
+
+    async def call_run(self, h: WorkerHandle, msg: m.WorkerRun) -> tuple[str, Any]:
+        """``msg`` run on ``h``; its answer as ``(outcome, value)`` so that a failure is data for
+        the caller to act on: ``"ok"`` (the ``WorkerDone``), ``"preempted"`` (a spot notice, or its
+        SP group broke), ``"cancelled"`` (a revoked exploration, stopped after the step in flight;
+        counted here, and the worker has logged where it stopped), ``"timeout"`` (no answer within
+        ``request_timeout_s``: hung) or ``"error"`` (the request's own failure)."""
+        assert h.rpc is not None
+        try:
+            return "ok", await h.rpc.call(msg, timeout=self.runtime.request_timeout_s)
+        except (Preempted, GroupBroken) as e:
+            return "preempted", e
+        except Cancelled as e:
+            self.stats["cancelled"] += 1
+            return "cancelled", e
+        except ActorTimeout as e:
+            return "timeout", e
+        except SpotlightError as e:
+            return "error", e
 
     async def cancel_when_revoked(self, h: WorkerHandle, lease: m.LeaseGrant) -> None:
         """While ``h`` runs an exploration ``lease``: long-poll the queue for the lease's revocation

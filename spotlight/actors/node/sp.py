@@ -56,9 +56,6 @@ from spotlight.actors.worker.client import WorkerHandle
 from spotlight.comm import messages as m
 from spotlight.errors import (
     ActorTimeout,
-    Cancelled,
-    GroupBroken,
-    Preempted,
     SpotlightError,
 )
 
@@ -229,7 +226,7 @@ class GroupServer:
             return
         first = group is None or group.rank == 0
         async with asyncio.TaskGroup() as tg:
-            run = tg.create_task(self._call(h, m.WorkerRun(lease=lease, group=group, peer=peer)))
+            run = tg.create_task(self.agent.call_run(h, m.WorkerRun(lease=lease, group=group, peer=peer)))
             died = tg.create_task(proc.wait())
             revoked = tg.create_task(self.agent.cancel_when_revoked(h, lease))  # explorations only
             await asyncio.wait([run, died], return_when=asyncio.FIRST_COMPLETED)
@@ -257,8 +254,6 @@ class GroupServer:
             return
         held = self.leases.get(lease.request_id)
         if outcome == "cancelled":  # its lease was revoked: the queue dropped it already
-            self.agent.stats["cancelled"] += 1
-            log.info("%s", value)
             if held is not None and held.attempt == lease.attempt:
                 self._drop(lease.request_id)
             self._do(self.sched.released(h.worker_id, epoch))
@@ -288,19 +283,6 @@ class GroupServer:
             self.agent.stats["stale"] += 1
         except ActorTimeout as e:  # unreported: the lease expires and the request retries
             log.warning("fail of %s: %s", lease.request_id, e)
-
-    async def _call(self, h: WorkerHandle, msg: m.WorkerRun):
-        assert h.rpc is not None
-        try:
-            return "ok", await h.rpc.call(msg, timeout=self.rt.request_timeout_s)
-        except (Preempted, GroupBroken) as e:
-            return "left", e
-        except Cancelled as e:
-            return "cancelled", e
-        except ActorTimeout as e:
-            return "timeout", e
-        except SpotlightError as e:
-            return "error", e
 
     async def _leave_member(self, h: WorkerHandle, epoch: int) -> None:
         try:
