@@ -118,7 +118,8 @@ class OcrReward:
 
     # --- reading -------------------------------------------------------------------------------
     def read(self, images: np.ndarray) -> list[str]:
-        """The text read in each uint8 [H, W, 3] image (normalised), in the pool, in order."""
+        """The text read in each uint8 [H, W, 3] image, as recognised (``text_score`` normalises it),
+        in the pool, in order."""
         return [t for f in self._submit(images) for t in f.result()]
 
     def _read_slice(self, images: np.ndarray) -> list[str]:
@@ -133,7 +134,7 @@ class OcrReward:
         for i in sorted(set(range(len(images))) - set(lines)):
             found, _ = engine(bgr[i], use_det=True, use_cls=False, use_rec=True)
             out[i] = "".join(t for _, t, c in (found or []) if float(c) > self.config.min_confidence)
-        return [normalize_text(t) for t in out]
+        return out
 
     def _is_line(self, img: np.ndarray) -> bool:
         if self.config.mode != "auto":
