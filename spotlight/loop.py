@@ -261,7 +261,7 @@ class Loop:
                         init_seed=i,
                     )
                 )
-        batch = f"it{it}/explore"
+        batch = work.batch_name(it, "explore")
         return Exploration(it, version, arm, plan, prompts, owners, jobs, batch,
                            self.executor.explore(batch, jobs))
 
@@ -348,7 +348,7 @@ class Loop:
                           init_seed=exp.jobs[exp.owners.index(k)].init_seed)
             for k in picks
         ]
-        return [exp.returned[k][1] for k in picks], self.executor.explore(f"it{it}/check", jobs)
+        return [exp.returned[k][1] for k in picks], self.executor.explore(work.batch_name(it, "check"), jobs)
 
     @staticmethod
     def settle_check(check: tuple[list, Future] | None) -> dict:
@@ -382,7 +382,7 @@ class Loop:
             m.RolloutWork(prompt=p, seeds=s, version=self.version, init_seed=i)
             for p, s, i in zip(prompts, seeds, inits)
         ]
-        groups = self.executor.rollout(f"it{it}/rollout", jobs).result()
+        groups = self.executor.rollout(work.batch_name(it, "rollout"), jobs).result()
         t2 = time.monotonic()
         if e.schedule == "overlap" and it < last:  # the next iteration's exploration, at v_i
             nxt = self.iteration_prompts(it + 1)

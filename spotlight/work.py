@@ -35,6 +35,18 @@ from spotlight.policy.sampler import RolloutState, SamplerConfig, sample_policy,
 from spotlight.rewards.base import to_uint8_images
 
 
+def batch_name(iteration: int, phase: str) -> str:
+    """The queue batch of an iteration's phase ("explore", "check", "rollout");
+    ``batch_iteration`` reads the iteration back."""
+    return f"it{iteration}/{phase}"
+
+
+def batch_iteration(batch: str) -> int | None:
+    """The iteration of a ``batch_name`` batch; None for a batch named otherwise (a bench's)."""
+    head = batch.split("/", 1)[0]
+    return int(head[2:]) if head.startswith("it") and head[2:].isdigit() else None
+
+
 def recipe_model(cfg) -> Any:
     """The model a recipe's ``[model]`` names, as a run starts from it: a diffusers pipeline folder
     (``model.pipeline``: ``spotlight.pipelines``) or the embedded DiT (``spotlight.models.dit``)."""

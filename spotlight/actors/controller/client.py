@@ -134,8 +134,7 @@ class RuntimeExecutor:
 
     def rollout(self, batch: str, jobs: list[m.RolloutWork]) -> concurrent.futures.Future:
         """Handle of each job's ``Group``, in job order."""
-        head = batch.split("/", 1)[0]
-        it = int(head[2:]) if head.startswith("it") and head[2:].isdigit() else None
+        it = work.batch_iteration(batch)
         self._progress("rollout", iteration=it)
 
         async def read(results: list[m.RolloutResult]) -> list[Group]:
