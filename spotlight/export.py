@@ -56,13 +56,13 @@ def export(checkpoint: str | Path, out: str | Path) -> dict:
 
     path, out = resolve_checkpoint(str(checkpoint)), Path(out)
     with safe_open(str(path), "pt") as f:
-        if "pipeline_class" in f.metadata():  # a run on a diffusers pipeline folder: back into diffusers
-            from spotlight.pipelines.export import export_checkpoint
+        meta = f.metadata()
+    if "pipeline_class" in meta:  # a run on a diffusers pipeline folder: back into diffusers
+        from spotlight.pipelines.export import export_checkpoint
 
-            return export_checkpoint(path, out)
+        return export_checkpoint(path, out)
     model = build_model(ModelConfig(checkpoint=str(path)), VOCABULARY, merge_lora=False)
-    with safe_open(str(path), "pt") as f:
-        extra = json.loads(f.metadata().get("extra", "{}"))
+    extra = json.loads(meta.get("extra", "{}"))
     out.mkdir(parents=True, exist_ok=True)
     lora = lora_config(model.dit)
     if lora is not None:
