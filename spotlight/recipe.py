@@ -99,6 +99,7 @@ class Recipe:
 
     def __post_init__(self) -> None:
         mc = self.model
+        folder = None
         if mc.pipeline is not None:
             from spotlight.pipelines.folder import read_folder
 
@@ -107,16 +108,21 @@ class Recipe:
             if mc.pipeline_shift:  # the pipeline's own sigma schedule
                 self.sampler.shift = folder.shift(mc.image_size)
                 self.sampler.shift_terminal = folder.shift_terminal
-        if mc.pipeline is not None and self.runtime.sp_degree > 1:
-            raise ConfigError("runtime.sp_degree > 1 is not supported with model.pipeline (the Ulysses "
-                              "processor is wired for the embedded model only)")
         if self.runtime.sp_degree > 1:  # groups split the heads and the image tokens
             from spotlight.parallel.ulysses import check_degree
 
-            check_degree(self.runtime.sp_degree, mc.heads, mc.tokens)
-            if mc.dit_class != "QwenImageTransformer2DModel":
-                raise ConfigError("runtime.sp_degree > 1 supports model.dit_class "
-                                  f"QwenImageTransformer2DModel, not {mc.dit_class}")
+            if folder is not None:  # the Ulysses processor is Qwen-Image's joint attention
+                if folder.family != "qwen-image":
+                    raise ConfigError(f"runtime.sp_degree > 1 with model.pipeline supports Qwen-Image "
+                                      f"folders; {folder.path} is a {folder.pipeline_class}")
+                check_degree(self.runtime.sp_degree, folder.transformer["num_attention_heads"],
+                             folder.tokens(mc.image_size),
+                             heads_from=f"num_attention_heads of {folder.path}/transformer")
+            else:
+                check_degree(self.runtime.sp_degree, mc.heads, mc.tokens)
+                if mc.dit_class != "QwenImageTransformer2DModel":
+                    raise ConfigError("runtime.sp_degree > 1 supports model.dit_class "
+                                      f"QwenImageTransformer2DModel, not {mc.dit_class}")
             if self.spot.trace is not None:
                 self.runtime.check_node_workers(self.spot.workers_per_node, "spot.workers_per_node")
         e = self.explore

@@ -40,13 +40,14 @@ import torch.distributed as dist
 from spotlight.errors import ConfigError
 
 
-def check_degree(degree: int, heads: int, tokens: int | None = None) -> None:
-    """`runtime.sp_degree` must divide the attention heads and (when known) the image tokens."""
+def check_degree(degree: int, heads: int, tokens: int | None = None, heads_from: str = "model.heads") -> None:
+    """`runtime.sp_degree` must divide the attention heads (``heads_from`` names where they are
+    set) and (when known) the image tokens."""
     if degree < 1:
         raise ConfigError(f"runtime.sp_degree must be >= 1, got {degree}")
     if heads % degree:
         raise ConfigError(
-            f"runtime.sp_degree ({degree}) must divide the attention heads (model.heads = {heads})"
+            f"runtime.sp_degree ({degree}) must divide the attention heads ({heads_from} = {heads})"
         )
     if tokens is not None and tokens % degree:
         raise ConfigError(

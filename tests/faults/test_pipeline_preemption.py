@@ -38,7 +38,7 @@ def runtime(request, tmp_path_factory, tiny_pipeline_dir):
         f"model.pipeline={tiny_pipeline_dir(request.param)}", f"model.text_cache={out / 'text'}",
         f"run.out_dir={out}", f"sampler.steps={STEPS}", "run.group_size=4", "grpo.finetune=full",
         "runtime.reserved_workers=1", "runtime.spot_workers=1", "runtime.lease_s=0.9",
-        "runtime.heartbeat_s=0.3",
+        "runtime.heartbeat_s=0.3", "runtime.step_delay_s=0.05",  # a slow device: kills land mid-request
     ])
     torch.manual_seed(0)
     model = policy_model(recipe)
@@ -49,7 +49,6 @@ def runtime(request, tmp_path_factory, tiny_pipeline_dir):
     shutil.rmtree(out / "text")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")
-        env.setenv("SPOTLIGHT_WORKER_STEP_DELAY_S", "0.05")  # fault injection: kills land mid-request
         with LocalRuntime(recipe) as rt:
             rt.call(rt.store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()}))
             rt.call(publish_prompts(rt.store, model, [PROMPT], set()))  # what the runtime's executor does

@@ -188,10 +188,15 @@ def test_bad_pipeline_folders_are_one_line(tiny_pipeline_dir, tmp_path):
         load_recipe(None, [f"model.pipeline={folder}", "model.image_width=64"])
     assert "model.image_width" in _one_line(e)
 
-    with pytest.raises(ConfigError) as e:  # the Ulysses processor is wired for the embedded model only
+    with pytest.raises(ConfigError) as e:  # the Ulysses processor is Qwen-Image's joint attention
         load_recipe("tiny_pipeline", [f"model.pipeline={folder}", "runtime.sp_degree=2",
                                       "runtime.reserved_workers=2", "runtime.spot_workers=2"])
-    assert "sp_degree > 1 is not supported with model.pipeline" in _one_line(e)
+    assert "sp_degree > 1 with model.pipeline supports Qwen-Image folders" in _one_line(e)
+    with pytest.raises(ConfigError) as e:  # the tiny Qwen-Image transformer has 2 heads
+        load_recipe("tiny_pipeline", [f"model.pipeline={tiny_pipeline_dir('qwen-image')}",
+                                      "runtime.sp_degree=4", "runtime.reserved_workers=4",
+                                      "runtime.spot_workers=4"])
+    assert "must divide the attention heads" in _one_line(e)
 
 
 def test_lora_target_matching_nothing_is_one_line(tiny_pipeline_dir, tmp_path):

@@ -74,3 +74,16 @@ def test_parallelize_checks_heads_and_tokens_and_degree_one_is_the_plain_model()
         sp.undo()
         again = model.velocity(x, t, text)
     assert torch.equal(par, ref) and torch.equal(again, ref)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sp_matches_single_process_on_a_qwen_image_pipeline(tiny_pipeline_dir):
+    """The same processor on a diffusers Qwen-Image folder's transformer: packed latent tokens,
+    its RoPE, the text mask and true CFG with the negative prompt, at degree 2."""
+    r = check(2, timeout_s=280, pipeline=tiny_pipeline_dir("qwen-image"))
+    assert r["tokens_per_rank"] == r["tokens"] // 2
+    for key in ("velocity", "log_prob", "rollout", "rollout_log_probs"):
+        assert r[key] <= TOL * max(1.0, r["scale"][key]), (key, r[key])
+    assert r["grads"] <= 1e-4 * r["scale"]["grads"], r["grads"]
+    assert r["scale"]["velocity"] > 0.1

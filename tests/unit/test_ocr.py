@@ -194,7 +194,8 @@ def test_text_pretraining_renders_in_worker_processes():
     from spotlight.models.dit import ModelConfig
     from spotlight.pretrain import PretrainConfig, batches
 
-    cfg = PretrainConfig(task="text", workers=2, batch_size=4, model=ModelConfig(image_size=16, image_width=64))
+    canvas = ModelConfig(image_size=16, image_width=64)
+    cfg = PretrainConfig(task="text", workers=2, batch_size=4, model=canvas)
     stream = batches(cfg, 16, pin=False)
     drawn = [next(stream) for _ in range(2)]
     stream.close()
