@@ -184,6 +184,12 @@ class ShardedTrainer:
         self.model.load_state_dict(full_state(self.local.model), strict=True)
         return out
 
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """The shards' `state_dict()` gathered whole at their own precision (the float32 weights of
+        a mixed-precision full fine-tune, which rank 0's bfloat16 model holds rounded)."""
+        self.command({"cmd": "state"})
+        return full_state(self.local.model)
+
     def stop(self) -> None:
         """Ranks 1..N-1 leave their loop."""
         self.command({"cmd": "stop"})
@@ -225,6 +231,8 @@ def follow(model, recipe, device) -> None:
         elif cmd == "update":
             trainer.iteration, trainer.beta = header["iteration"], header["beta"]
             trainer.update(_recv_batch(trainer, header, device))
+            full_state(model)
+        elif cmd == "state":
             full_state(model)
         elif cmd == "optimizer_state":
             optimizer_state(trainer)
