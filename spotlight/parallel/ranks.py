@@ -17,6 +17,7 @@ import contextlib
 import datetime
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -26,6 +27,10 @@ from spotlight.actors import procs
 from spotlight.errors import ConfigError
 
 READY = "trainer rank ready"
+
+VIEW_WARNING = "FSDP2-wrapped module .* returned a view tensor"
+"""FSDP2 (torch 2.13) warns once per process that diffusers' transformers return a view; nothing
+changes the velocity in place (the models only reshape it), so each rank's process hides it."""
 
 
 def _backend(device: torch.device) -> str:
@@ -52,6 +57,7 @@ class TrainerRanks:
         self.trainer = None
 
     def __enter__(self) -> TrainerRanks:
+        warnings.filterwarnings("ignore", message=VIEW_WARNING, category=UserWarning)
         timeout = datetime.timedelta(seconds=self.recipe.trainer.timeout_s)
         store = dist.TCPStore("127.0.0.1", 0, self.world, True, timeout, wait_for_workers=False)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -118,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--recipe-json", required=True, help="the run's recipe (Recipe.to_dict())")
     args = parser.parse_args(argv)
     procs.die_with_parent(only_if_asked=True)
+    warnings.filterwarnings("ignore", message=VIEW_WARNING, category=UserWarning)
     recipe = load_recipe(json.loads(args.recipe_json))
     device = _rank_device(torch.device(args.device), args.rank)
     if device.type == "cuda":
