@@ -6,13 +6,15 @@ through `spotlight.actors.procs`: they die with the run), joins the default proc
 (gloo on the CPU, NCCL when the run computes on CUDA, rank r on cuda:r), and hands the loop a
 trainer factory (`factory`) that builds rank 0's `ShardedTrainer`. On exit rank 0 tells the ranks
 to stop, waits for them and leaves the group. A rank that exits early fails the start in one line
-naming its log. Knows processes and the process group; the update itself is
+naming its log; one that dies during the run fails it with `ActorDead` naming it (a live but
+stuck rank: after `trainer.timeout_s`). Knows processes and the process group; the update itself is
 `spotlight.parallel.trainer`'s.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import datetime
 import json
@@ -24,9 +26,11 @@ import torch
 import torch.distributed as dist
 
 from spotlight.actors import procs
-from spotlight.errors import ConfigError
+from spotlight.errors import ActorDead, ConfigError
 
 READY = "trainer rank ready"
+DEATH_WAIT_S = 5.0
+"""After a failed run, how long to wait for a rank's exit to be seen before blaming none."""
 
 VIEW_WARNING = "FSDP2-wrapped module .* returned a view tensor"
 """FSDP2 (torch 2.13) warns once per process that diffusers' transformers return a view; nothing
@@ -88,16 +92,25 @@ class TrainerRanks:
         self.trainer = ShardedTrainer(model, twin, cfg, sampler, seed, device=self.device)
         return self.trainer
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Stop the ranks. When the run failed because a rank died (a collective's error names
+        only a closed connection), raise `ActorDead` naming that rank, its status and its log."""
+        dead: list[procs.Child] = []
         try:
-            if self.trainer is not None and exc[0] is None:
+            if exc_type is None and self.trainer is not None:
                 self.trainer.stop()
                 for child in self.children:
                     child.exited.result(self.recipe.trainer.timeout_s)
+            elif exc_type is not None:  # a rank that died has exited, or is exiting, by now
+                concurrent.futures.wait([c.exited for c in self.children], timeout=DEATH_WAIT_S,
+                                        return_when=concurrent.futures.FIRST_COMPLETED)
+                dead = [c for c in self.children if c.exited.done()]
         finally:
             procs.stop(self.children, grace_s=0)
             if dist.is_initialized():
                 dist.destroy_process_group()
+        if dead:
+            raise ActorDead(f"the sharded trainer lost {dead[0].death()}") from exc
 
 
 @contextlib.contextmanager
