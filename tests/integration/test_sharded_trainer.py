@@ -33,11 +33,13 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("finetune", ["lora", "full"])
-def test_two_ranks_equal_one(tiny_pipeline_dir, tmp_path, finetune):
+@pytest.mark.parametrize("finetune,dtype", [("lora", "float32"), ("full", "float32"), ("lora", "bfloat16")])
+def test_two_ranks_equal_one(tiny_pipeline_dir, tmp_path, finetune, dtype):
+    """(bf16 LoRA: the bf16 base and the fp32 adapter are sharded in the same FSDP units.)"""
     folder = tiny_pipeline_dir("qwen-image")
     more = [f"model.pipeline={folder}", f"model.text_cache={tmp_path / 'text'}", f"grpo.finetune={finetune}",
-            "grpo.beta=0.04", "model.gradient_checkpointing=true", "grpo.timestep_fraction=1.0"]
+            "grpo.beta=0.04", "model.gradient_checkpointing=true", "grpo.timestep_fraction=1.0",
+            f"model.dtype={dtype}"]
     one, rec1 = _run("tiny_pipeline", tmp_path, 1, *more)
     two, rec2 = _run("tiny_pipeline", tmp_path, 2, *more)
     if finetune == "lora":  # B starts at zero: the adapter's delta is what moved
@@ -48,7 +50,7 @@ def test_two_ranks_equal_one(tiny_pipeline_dir, tmp_path, finetune):
         base = load_file(str(folder / "transformer" / "diffusion_pytorch_model.safetensors"))
         moved = max(float((v - base[k.removeprefix("dit.")]).abs().max()) for k, v in one.items())
     diff = _max_diff(one, two)
-    print(f"{finetune}: 2 ranks vs 1, max |diff| {diff:.2e}, max weight change {moved:.2e}")
+    print(f"{finetune} {dtype}: 2 ranks vs 1, max |diff| {diff:.2e}, max weight change {moved:.2e}")
     assert rec1["groups_trained"] == rec2["groups_trained"] == 3
     assert rec1["kl"] == pytest.approx(rec2["kl"], rel=1e-4, abs=1e-12)  # the reference ran on both
     assert rec1["grad_norm"] == pytest.approx(rec2["grad_norm"], rel=1e-4)
