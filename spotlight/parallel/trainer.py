@@ -165,9 +165,23 @@ class ShardedTrainer:
     def world(self) -> int:
         return self.local.world
 
-    iteration = property(lambda self: self.local.iteration,
-                         lambda self, v: setattr(self.local, "iteration", v))
-    beta = property(lambda self: self.local.beta, lambda self, v: setattr(self.local, "beta", v))
+    @property
+    def iteration(self) -> int:
+        """The update's iteration counter (every rank gets it with each batch)."""
+        return self.local.iteration
+
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        self.local.iteration = value
+
+    @property
+    def beta(self) -> float:
+        """The KL weight of the next update (every rank gets it with each batch)."""
+        return self.local.beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self.local.beta = value
 
     def command(self, header: dict) -> None:
         """Tell ranks 1..N-1 what comes next (every command is then a collective of all ranks)."""
