@@ -61,9 +61,14 @@ class Experiment:
 
             self.loop = SimRun(self.recipe, hooks)
             return self.loop.run()
+        from spotlight.parallel.ranks import trainer_ranks
+
+        out = Path(self.recipe.run.out_dir) / self.recipe.run.name
         if self.recipe.run.mode == "in-process":
-            self.loop = Loop(self.recipe, resume=resume, hooks=hooks, progress=progress)
-            return self.loop.run()
+            with trainer_ranks(self.recipe, out / "logs") as ranks:
+                self.loop = Loop(self.recipe, resume=resume, hooks=hooks, progress=progress,
+                                 trainer=ranks and ranks.factory)
+                return self.loop.run()
         from spotlight.actors.runtime import LocalRuntime
         from spotlight.parallel.device import resolve_device
 
@@ -72,12 +77,13 @@ class Experiment:
             raise ConfigError("run.mode=\"runtime\" on one machine needs a worker: "
                               "runtime.reserved_workers + runtime.spot_workers >= 1")
         resolve_device(self.recipe.run.device)  # a device that is not here: one line, before any actor
-        with LocalRuntime(self.recipe, **self.runtime_options) as self.runtime:
+        with LocalRuntime(self.recipe, **self.runtime_options) as self.runtime, \
+                trainer_ranks(self.recipe, out / "logs") as ranks:
             for started in self.on_runtime:
                 started(self.runtime)
             hooks.insert(0, self.runtime.metrics_hook)  # spot fields on every iteration record
             self.loop = Loop(self.recipe, executor=self.runtime.executor, resume=resume, hooks=hooks,
-                             progress=progress)
+                             progress=progress, trainer=ranks and ranks.factory)
             summary = self.loop.run()
             self.runtime.plot_spot(self.loop.metrics.read(), self.loop.out / "spot.png")
             return summary

@@ -79,6 +79,10 @@ class Executor(Protocol):
 ExecutorFactory = Callable[[DiffusionModel, Recipe, int], Executor]
 """(trainer's model, recipe, first weights version) -> an Executor with that version published."""
 
+TrainerFactory = Callable[..., GRPOTrainer]
+"""(the run's model, GRPOConfig, SamplerConfig, seed=) -> the trainer that updates it: GRPOTrainer,
+or the sharded trainer's rank 0 (`spotlight.parallel.ranks`), which has its interface."""
+
 
 def done_future(fn: Callable[[], Any]) -> Future:
     """A finished future holding ``fn()``'s value (or its exception)."""
@@ -160,7 +164,8 @@ class Loop:
     written, and may add fields to it (the runtime adds spot capacity, preemptions and cost).
 
     ``executor``: an ``ExecutorFactory`` (default: ``LocalExecutor``); it gets the trainer's
-    model, the recipe and the weights version the run starts at, never the Loop itself."""
+    model, the recipe and the weights version the run starts at, never the Loop itself.
+    ``trainer``: a ``TrainerFactory`` (default: ``GRPOTrainer``, in this process)."""
 
     def __init__(
         self,
@@ -169,6 +174,7 @@ class Loop:
         resume: bool = False,
         hooks: list[Callable[[dict], None]] | None = None,
         progress: bool = True,
+        trainer: TrainerFactory | None = None,
     ):
         self.recipe, self.hooks, self.progress = recipe, list(hooks or []), progress
         r = recipe.run
@@ -177,7 +183,7 @@ class Loop:
         self.reward = work.recipe_reward(recipe)
         self.device = resolve_device(r.device)
         self.model = work.recipe_model(recipe.model).to(self.device)
-        self.trainer = GRPOTrainer(self.model, recipe.grpo, recipe.sampler, seed=r.seed)
+        self.trainer = (trainer or GRPOTrainer)(self.model, recipe.grpo, recipe.sampler, seed=r.seed)
         self.out = Path(r.out_dir) / r.name
         self.metrics = MetricsLog(self.out / "metrics.jsonl")
         self.start_iteration = 0

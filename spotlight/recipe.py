@@ -18,6 +18,7 @@ from typing import Any, get_type_hints
 from spotlight.actors.config import RuntimeConfig
 from spotlight.errors import ConfigError, NotFound
 from spotlight.models.dit import ModelConfig
+from spotlight.parallel.trainer import TrainerConfig
 from spotlight.policy.grpo import GRPOConfig
 from spotlight.policy.sampler import SamplerConfig
 from spotlight.policy.seeds import ExploreConfig
@@ -91,6 +92,7 @@ class Recipe:
     model: ModelConfig = field(default_factory=ModelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     explore: ExploreConfig = field(default_factory=ExploreConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -108,6 +110,11 @@ class Recipe:
             if mc.pipeline_shift:  # the pipeline's own sigma schedule
                 self.sampler.shift = folder.shift(mc.image_size)
                 self.sampler.shift_terminal = folder.shift_terminal
+        if self.trainer.ranks > 1:
+            if self.grpo.ema_decay > 0:
+                raise ConfigError("grpo.ema_decay > 0 is not supported with trainer.ranks > 1")
+            if self.run.mode == "sim":
+                raise ConfigError("trainer.ranks > 1: run.mode 'sim' trains no model (use 1)")
         if self.runtime.sp_degree > 1:  # groups split the heads and the image tokens
             from spotlight.parallel.ulysses import check_degree
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from spotlight.errors import ConfigError
+from spotlight.parallel.fsdp import whole
 from spotlight.policy.sampler import SamplerConfig, step_log_prob
 
 LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
@@ -171,6 +172,15 @@ class Group:
     rewards: torch.Tensor  # [G]
 
 
+def _mean_over_ranks(stats: dict[str, list[float]], device) -> dict[str, float]:
+    """Each statistic's mean over the values of every rank (an all-reduce of sums and counts)."""
+    import torch.distributed as dist
+
+    sums = torch.tensor([[sum(v), len(v)] for v in stats.values()], dtype=torch.float64, device=device)
+    dist.all_reduce(sums)
+    return {k: float(s / n) if n else 0.0 for k, (s, n) in zip(stats, sums.tolist())}
+
+
 def add_lora(model, cfg: GRPOConfig):
     """Attach the LoRA adapter `cfg` describes to the model's DiT (peft, through diffusers'
     ``add_adapter``); its weights are the trainable part under ``finetune = "lora"``. The one
@@ -205,10 +215,26 @@ def batch_std(groups: list[torch.Tensor]) -> float:
     return float(centred.pow(2).mean().sqrt())
 
 
-class GRPOTrainer:
-    """Owns the optimizer and the reference policy; `update(groups)` runs one GRPO iteration."""
+def share(chunk: list[int], rank: int, world: int) -> list[tuple[int, float]]:
+    """The (group index, weight) pairs rank `rank` of `world` trains for one optimizer step on
+    `chunk`: every world-th group from its rank's position, weight 1, then as many weight-0
+    repeats of the chunk's first group as it takes for every rank to run the same number of
+    forward and backward passes (FSDP's all-gathers and reduce-scatters are collectives)."""
+    mine = [(int(gi), 1.0) for gi in chunk[rank::world]]
+    return mine + [(int(chunk[0]), 0.0)] * (-(-len(chunk) // world) - len(mine))
 
-    def __init__(self, model, cfg: GRPOConfig, sampler: SamplerConfig, seed: int = 0):
+
+class GRPOTrainer:
+    """Owns the optimizer and the reference policy; `update(groups)` runs one GRPO iteration.
+
+    With a `device_mesh` (the ranks of a sharded trainer, `spotlight.parallel.trainer`), the
+    model's DiT — and a full fine-tune's reference copy — are sharded over it with FSDP2
+    (`spotlight.parallel.fsdp.shard`) before the optimizer is built: every rank then calls
+    `update` with the same groups' rewards, trains its `share` of each optimizer step's groups
+    (only those groups need their latents), and FSDP averages the gradients, which the per-group
+    scale turns into the single-process sum. Without one it is the one-process trainer."""
+
+    def __init__(self, model, cfg: GRPOConfig, sampler: SamplerConfig, seed: int = 0, device_mesh=None):
         self.model, self.cfg, self.sampler, self.seed = model, cfg, sampler, seed
         model.text.requires_grad_(False)  # the text encoder is frozen during RL
         if cfg.finetune == "lora":
@@ -218,6 +244,18 @@ class GRPOTrainer:
         else:
             referenced = cfg.beta > 0 or cfg.awm_push_limit > 0
             self.reference = copy.deepcopy(model).requires_grad_(False) if referenced else None
+        self.rank, self.world = 0, 1
+        self.mixed_precision = False
+        """Sharded with bfloat16 compute over float32 shards (`spotlight.parallel.fsdp.shard`)."""
+        if device_mesh is not None:
+            from spotlight.parallel.fsdp import shard
+
+            if cfg.ema_decay > 0:
+                raise ConfigError("grpo.ema_decay > 0 is not supported by a sharded trainer")
+            self.rank, self.world = device_mesh.get_local_rank(), device_mesh.size()
+            self.mixed_precision = shard(model, device_mesh)
+            if self.reference is not None:
+                shard(self.reference, device_mesh)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
         self.ema = copy.deepcopy(model).requires_grad_(False) if cfg.ema_decay > 0 else None
@@ -262,11 +300,25 @@ class GRPOTrainer:
         n = max(1, round(k * self.cfg.timestep_fraction))
         return sorted(random.Random(self.seed * 1_000_003 + self.iteration).sample(range(k), n))
 
+    def plan(self, rewards: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int], list[np.ndarray]]:
+        """Each group's advantages, the groups with a signal (zero-variance groups teach nothing),
+        and those split into the optimizer steps' chunks."""
+        cfg = self.cfg
+        std = batch_std(rewards) if cfg.adv_norm == "batch" else None
+        advs = [advantages(r, cfg.adv_clip, std=std) for r in rewards]
+        live = [i for i, a in enumerate(advs) if a.abs().sum() > 0]
+        chunks = [c for c in np.array_split(np.array(live, dtype=int), cfg.updates_per_iteration) if len(c)]
+        return advs, live, chunks
+
+    def needs(self, rewards: list[torch.Tensor], rank: int) -> list[int]:
+        """The groups (sorted indices) whose latents rank `rank` trains on in `update`."""
+        return sorted({gi for c in self.plan(rewards)[2] for gi, _ in share(c, rank, self.world)})
+
     def update(self, groups: list[Group]) -> dict[str, float]:
+        """One iteration's optimizer steps on `groups`. Sharded, every rank passes every group's
+        rewards and the latents and log-probs of the groups it `needs` (the rest may be empty)."""
         cfg, steps = self.cfg, self.train_steps()
-        std = batch_std([g.rewards for g in groups]) if cfg.adv_norm == "batch" else None
-        advs = [advantages(g.rewards, cfg.adv_clip, std=std) for g in groups]
-        live = [i for i, a in enumerate(advs) if a.abs().sum() > 0]  # zero-variance groups teach nothing
+        advs, live, chunks = self.plan([g.rewards for g in groups])
         stats: dict[str, list[float]] = {
             "loss": [],
             "ratio_dev": [],
@@ -276,34 +328,35 @@ class GRPOTrainer:
             "update_norm": [],
             "push_stopped": [],
         }
-        chunks = [c for c in np.array_split(np.array(live, dtype=int), cfg.updates_per_iteration) if len(c)]
         for group in self.opt.param_groups:
             group["lr"] = self.lr()
         for _epoch in range(cfg.inner_epochs):
             for chunk in chunks:
                 self.opt.zero_grad(set_to_none=True)
-                if cfg.objective == "awm":
-                    for gi in chunk:
-                        self._accumulate_awm(groups[gi], advs[gi], gi, 1.0 / len(chunk), stats)
-                else:
-                    scale = 1.0 / (len(chunk) * len(steps))
-                    for gi in chunk:
-                        self._accumulate(groups[gi], advs[gi], steps, scale, stats)
+                for gi, w in share(chunk, self.rank, self.world):
+                    into = stats if w else {k: [] for k in stats}  # a weight-0 repeat reports nothing
+                    if cfg.objective == "awm":
+                        self._accumulate_awm(groups[gi], advs[gi], gi, w * self.world / len(chunk), into)
+                    else:
+                        scale = w * self.world / (len(chunk) * len(steps))
+                        self._accumulate(groups[gi], advs[gi], steps, scale, into)
                 norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
-                stats["grad_norm"].append(float(norm))
+                stats["grad_norm"].append(float(whole(norm)))
                 before = [p.detach().clone() for p in self.params]
                 self.opt.step()
                 # how far the weights moved: Adam turns tiny noisy gradients into full-size steps
                 # unless lr / adam_eps keep it in check, so this is the number to watch
-                stats["update_norm"].append(
-                    float(torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(self.params, before))))
-                )
+                moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(self.params, before)))
+                stats["update_norm"].append(float(whole(moved)))
                 if self.ema is not None:
                     with torch.no_grad():
                         for e, p in zip(self.ema.parameters(), self.model.parameters()):
                             e.lerp_(p, 1 - cfg.ema_decay)
         self.iteration += 1
         out = {k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
+        if self.world > 1:  # the per-step statistics of every rank's groups
+            per_step = {k: v for k, v in stats.items() if k not in ("grad_norm", "update_norm")}
+            out.update(_mean_over_ranks(per_step, self.device))
         out["groups_trained"] = float(len(live))
         out["groups_zero_var"] = float(len(groups) - len(live))
         out["beta"], out["lr"] = self.beta, self.opt.param_groups[0]["lr"]

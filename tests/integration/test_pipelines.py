@@ -236,6 +236,7 @@ def test_shipped_recipes_load_on_a_folder_of_their_family(tiny_pipeline_dir, nam
     recipe = load_recipe(name, [f"model.pipeline={tiny_pipeline_dir(family)}"])
     assert recipe.model.image_size == 512 and recipe.grpo.finetune == "lora"
     assert recipe.run.group_size == group
+    assert recipe.trainer.ranks == 8  # the update sharded over 8 GPUs (spotlight.parallel.trainer)
     with pytest.raises(NotFound):  # the placeholder path: one line, before anything starts
         load_recipe(name)
 

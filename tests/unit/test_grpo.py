@@ -14,7 +14,7 @@ from spotlight import work
 from spotlight.comm.messages import RolloutWork
 from spotlight.errors import ConfigError
 from spotlight.policy import sampler as S
-from spotlight.policy.grpo import GRPOConfig, GRPOTrainer, advantages, batch_std
+from spotlight.policy.grpo import GRPOConfig, GRPOTrainer, advantages, batch_std, share
 from spotlight.policy.seeds import ExploreConfig, candidate_seeds, select_contrast
 
 SHAPE = (3, 16, 16)
@@ -383,3 +383,28 @@ def test_push_limit_stops_pushing_a_sample_away_past_the_reference(tiny_model):
     assert max(stopped) > 0
     with pytest.raises(ConfigError, match="grpo.awm_push_limit"):
         GRPOConfig(awm_push_limit=-0.1)
+
+
+@pytest.mark.parametrize("chunk,world", [([4, 7, 9], 1), ([4, 7, 9], 2), ([5], 4), (list(range(10)), 3)])
+def test_share_trains_each_group_once_and_gives_every_rank_the_same_passes(chunk, world):
+    """The sharded trainer's split of one optimizer step's groups: each group on one rank with
+    weight 1; ranks with fewer pad with weight-0 repeats, so all run the same number of passes."""
+    shares = [share(chunk, r, world) for r in range(world)]
+    assert sorted(gi for s in shares for gi, w in s if w == 1.0) == sorted(chunk)
+    assert {len(s) for s in shares} == {-(-len(chunk) // world)}
+    assert all(gi in chunk and w in (0.0, 1.0) for s in shares for gi, w in s)
+    assert share(chunk, 0, 1) == [(gi, 1.0) for gi in chunk]  # one process: the chunk itself
+
+
+def test_trainer_section_is_validated():
+    from spotlight.recipe import load_recipe
+
+    with pytest.raises(ConfigError, match="trainer.ranks must be >= 1"):
+        load_recipe("tiny", ["trainer.ranks=0"])
+    with pytest.raises(ConfigError, match="trainer.timeout_s must be > 0"):
+        load_recipe("tiny", ["trainer.timeout_s=0"])
+    with pytest.raises(ConfigError, match="grpo.ema_decay > 0 is not supported with trainer.ranks > 1"):
+        load_recipe("tiny", ["trainer.ranks=2"])  # tiny keeps a moving average
+    with pytest.raises(ConfigError, match="run.mode 'sim' trains no model"):
+        load_recipe("tiny", ["trainer.ranks=2", "grpo.ema_decay=0", "run.mode=sim"])
+    assert load_recipe("tiny", ["trainer.ranks=2", "grpo.ema_decay=0"]).trainer.ranks == 2
