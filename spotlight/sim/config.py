@@ -56,8 +56,12 @@ class SimConfig:
     calibration: str | None = None
     """Profile tiny: a JSON file of the primitives measured on one machine (``python -m
     spotlight.sim.calibrate``), priced instead of the profile's built-in figures; with it every spot
-    worker shares the spot cores and the reserved workers share the trainer's, as measured there.
-    None = the built-in figures, a processor per worker."""
+    worker shares the spot cores and the reserved workers share the trainer's, as measured there
+    (the trainer is not billed apart: it is on the reserved node). None = the built-in figures, a
+    processor per worker."""
+    setup_s: float = 0.0
+    """Simulated seconds from the replay's run second 0 to the first iteration (a runtime run's
+    trainer set-up and base evaluation after its replay starts), >= 0."""
 
     def __post_init__(self) -> None:
         self.timing()  # unknown profile or GPU kind, a resolution off the latent grid: one line here
@@ -69,6 +73,8 @@ class SimConfig:
                 raise ConfigError(f"sim.{name} must be >= {least} or unset, got {v}")
         if self.trainer_gpus < 1:
             raise ConfigError(f"sim.trainer_gpus must be >= 1, got {self.trainer_gpus}")
+        if not (math.isfinite(self.setup_s) and self.setup_s >= 0):
+            raise ConfigError(f"sim.setup_s must be a finite number >= 0, got {self.setup_s}")
         if self.hours is not None and not (math.isfinite(self.hours) and self.hours > 0):
             raise ConfigError(f"sim.hours must be a finite number > 0 or unset, got {self.hours}")
 

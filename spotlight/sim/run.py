@@ -89,7 +89,8 @@ class SimRun:
     def _start(self) -> None:
         rt, sp, c = self.recipe.runtime, self.recipe.spot, self.cluster
         trainer = {"kind": "reserved", "workers": self.recipe.sim.trainer_gpus}
-        self.account.on_event("join", "trainer", trainer)
+        if self.timing.calibration is None:  # calibrated: one machine, the trainer on the reserved node
+            self.account.on_event("join", "trainer", trainer)
         if rt.reserved_workers > 0:
             c.add_node("reserved", kind="reserved", gpus=rt.reserved_workers, warm=True)
         if self.replay is None:
@@ -257,6 +258,8 @@ class SimRun:
             (self.out / "metrics.jsonl").unlink(missing_ok=True)
             metrics = MetricsLog(self.out / "metrics.jsonl")
         self._start()
+        if sim.setup_s > 0:  # the trainer's set-up after the replay started
+            self.clock.run(end=sim.setup_s)
         pending = None
         last = r.iterations - 1
         for it in range(r.iterations):
