@@ -44,8 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from spotlight import Experiment, load_recipe  # noqa: E402
+from spotlight.spot.traces import shared_trace  # noqa: E402
 
-AWS = ROOT.parent / "shared" / "traces" / "aws-g4dn-xlarge-us-east-1c-2020-11-20.csv"
+AWS = shared_trace()  # None where the shared traces are not beside the repository
 MODEL = ["model.checkpoint=none", "model.layers=1", "model.heads=2", "model.head_dim=16",
          "model.image_size=16", "model.patch=4", "sampler.sde_steps=none", 'sampler.sde_type="flow"']
 
@@ -63,7 +64,7 @@ def run(mode: str, args, out: Path) -> dict:
     if mode == "no_preemption":
         spot = [f"runtime.spot_workers={args.spot_workers}"]
     else:
-        trace = args.trace or (str(AWS) if AWS.exists() else "synthetic")
+        trace = args.trace or (str(AWS) if AWS is not None else "synthetic")
         spot = [f'spot.trace="{trace}"', f"spot.trace_hour_s={args.trace_hour_s}",
                 'spot.nodes="proportional"', f"spot.factor={args.factor}",
                 f"spot.hard_kill_fraction={args.hard_kill}", f"spot.seed={args.seed}"]
@@ -111,7 +112,8 @@ def main() -> None:
     base = rows[0]
     cols = ["mode", "iterations", "s_per_iteration", "x_time", "preemptions", "resumed", "rerun",
             "steps_lost", "lost_per_preemption", "usd_per_iteration", "x_cost"]
-    print(f"preemption bench: trace {args.trace or ('AWS g4dn (shared)' if AWS.exists() else 'synthetic')}, "
+    default = "AWS g4dn (shared)" if AWS is not None else "synthetic"
+    print(f"preemption bench: trace {args.trace or default}, "
           f"1 trace hour = {args.trace_hour_s} run s, factor {args.factor}, hard kills {args.hard_kill}, "
           f"{args.iterations} iterations x {args.prompts} requests x {args.steps} steps")
     print("| " + " | ".join(cols) + " |")

@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 
 from spotlight.recipe import load_recipe  # noqa: E402
 from spotlight.sim.run import SimRun  # noqa: E402
+from spotlight.spot.traces import shared_trace  # noqa: E402
 
-AWS = next((p / "shared" / "traces" / "aws-g4dn-xlarge-us-east-1c-2020-11-20.csv" for p in ROOT.parents
-            if (p / "shared" / "traces").is_dir()), None)
+AWS = shared_trace()  # None where the shared traces are not beside the repository
 ARMS = {"regroup": ["runtime.sp_regroup=true", "runtime.peer_weights=true"],
         "cold": ["runtime.sp_regroup=false", "runtime.peer_weights=false"]}
 

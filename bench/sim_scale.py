@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from spotlight.recipe import load_recipe  # noqa: E402
 from spotlight.sim.run import SimRun  # noqa: E402
+from spotlight.spot.traces import shared_trace  # noqa: E402
 
-AWS = next((p / "shared" / "traces" / "aws-g4dn-xlarge-us-east-1c-2020-11-20.csv" for p in ROOT.parents
-            if (p / "shared" / "traces").is_dir()), None)
+AWS = shared_trace()  # None where the shared traces are not beside the repository
 GPUS = [8, 16, 32, 64, 128, 256, 512]
 BASE = ['run.mode="sim"', 'sim.profile="qwen-image-20b"', 'sim.gpu="h200"', "sim.gpus_per_node=8",
         "sim.samples_per_request=1", "run.group_size=16", "sampler.steps=20", "runtime.reserved_workers=0",

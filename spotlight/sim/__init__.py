@@ -5,6 +5,8 @@ clock, with workers timed by a model instead of computing (DESIGN.md §7, the ``
 
 - ``clock.py``: the virtual clock and its event loop;
 - ``timing.py``: seconds per step / update / weight load / node start, per model profile and GPU;
+- ``cores.py``: the processors work runs on (a device each, or cores shared by their processes);
+- ``calibrate.py``: the tiny profile's primitives measured on this machine (``sim.calibration``);
 - ``config.py``: the recipe's ``[sim]`` section;
 - ``cluster.py``: the cores, the store's link, the injector's target;
 - ``node.py``: a simulated node (the agent's shell around the group scheduler and weights holders);

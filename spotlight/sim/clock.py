@@ -64,7 +64,3 @@ class VirtualClock:
             timer.callback()
         if end is not None and not (until is not None and until()):
             self.now = max(self.now, end)
-
-    def pending(self) -> int:
-        """Callbacks scheduled and not run (cancelled ones included until popped)."""
-        return len(self._heap)

@@ -15,7 +15,9 @@ workers take their time from the timing model instead of computing.
 
 What a worker does is priced, not done: a group formed for a request loads the lease's weights
 version (0 if held, a peer copy, or a store fetch queued on the store's network link), then runs
-its remaining steps at ``TimingModel.step_s``. Commits are written to the store whenever their step
+its remaining steps at ``TimingModel.step_s`` on its node class's processors (``cores``: a
+device per worker; with a calibration, the cores every spot process shares, and the reserved ones
+its workers share with the trainer). Commits are written to the store whenever their step
 matters — at each heartbeat, at a notice's step boundary, at a SIGKILL (the steps finished by then)
 and at the end — which leaves the store holding exactly what per-step commits would. A SIGTERM
 (notice) stops each group at its next step boundary and releases its leases; a SIGKILL leaves
@@ -44,6 +46,7 @@ from spotlight.actors.store.core import TensorStoreConfig, TensorStoreCore
 from spotlight.comm import messages as m
 from spotlight.recipe import Recipe
 from spotlight.sim.clock import Timer, VirtualClock
+from spotlight.sim.cores import Cores
 from spotlight.sim.host import SimHost
 from spotlight.sim.node import SimNode
 from spotlight.sim.timing import TimingModel
@@ -83,6 +86,8 @@ class SimCluster:
         self.store = TensorStoreCore(TensorStoreConfig(keep_versions=rt.store_keep_versions))
         self.controller = ControllerCore(recipe, "sim://queue", "sim://store", clock=clock)
         self.controller.on_event = account.on_event
+        self.cores = {kind: Cores(clock, timing.slowdown(kind)) for kind in ("spot", "reserved")}
+        """The processors of each node class (the reserved one's are the trainer's too)."""
         self.nodes: dict[str, SimNode] = {}
         self.hungry: dict[SimNode, None] = {}  # nodes in a long poll, in the order they began it
         self.ops = OpTimes()
@@ -210,6 +215,17 @@ class SimCluster:
             self.controller.requeued(node_id, self.queue.release_node(node_id))
             self.wake()
         self.clock.call_later(self.recipe.runtime.node_sweep_s, self._sweep)
+
+    def train(self, seconds: float) -> None:
+        """The trainer's update of ``seconds`` (alone on its processors) runs; the clock moves on
+        until it is done, the rest of the cluster going on meanwhile."""
+        cores = self.cores["reserved"]
+        if cores.slowdown is None:  # its own GPUs: nothing shares them
+            self.clock.run(end=self.clock() + seconds)
+            return
+        done: list[bool] = []
+        cores.start(1, seconds, lambda: done.append(True))
+        self.clock.run(until=lambda: bool(done))
 
     # --- the store's link and busy accounting ----------------------------------------------------------
     def store_fetch(self, nbytes: float) -> float:

@@ -8,6 +8,7 @@
     gpus_per_instance = 1        # GPU-level preemption: a trace node is 1 GPU of a host; unset = a node
     trainer_gpus = 8             # the reserved trainer pool (billed as reserved)
     spot_gpus = 64               # without a [spot] trace: a fixed spot pool of this many GPUs
+    calibration = "cal.json"     # tiny: this machine's measured primitives (spotlight.sim.calibrate)
 
 Everything else comes from the rest of the recipe, as in a real run: prompts and group size
 (``[run]``), denoising steps (``[sampler]``), the exploration schedule and planner (``[explore]``),
@@ -21,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from spotlight.errors import ConfigError
-from spotlight.sim.timing import TimingModel
+from spotlight.sim.timing import Calibration, TimingModel
 
 
 @dataclass(kw_only=True, slots=True)
@@ -52,6 +53,15 @@ class SimConfig:
     """Denoising steps the update trains per sample; None = sampler.steps x grpo.timestep_fraction."""
     hours: float | None = None
     """Stop after the iteration that crosses this many simulated hours (besides run.iterations)."""
+    calibration: str | None = None
+    """Profile tiny: a JSON file of the primitives measured on one machine (``python -m
+    spotlight.sim.calibrate``), priced instead of the profile's built-in figures; with it every spot
+    worker shares the spot cores and the reserved workers share the trainer's, as measured there
+    (the trainer is not billed apart: it is on the reserved node). None = the built-in figures, a
+    processor per worker."""
+    setup_s: float = 0.0
+    """Simulated seconds from the replay's run second 0 to the first iteration (a runtime run's
+    trainer set-up and base evaluation after its replay starts), >= 0."""
 
     def __post_init__(self) -> None:
         self.timing()  # unknown profile or GPU kind, a resolution off the latent grid: one line here
@@ -63,8 +73,11 @@ class SimConfig:
                 raise ConfigError(f"sim.{name} must be >= {least} or unset, got {v}")
         if self.trainer_gpus < 1:
             raise ConfigError(f"sim.trainer_gpus must be >= 1, got {self.trainer_gpus}")
+        if not (math.isfinite(self.setup_s) and self.setup_s >= 0):
+            raise ConfigError(f"sim.setup_s must be a finite number >= 0, got {self.setup_s}")
         if self.hours is not None and not (math.isfinite(self.hours) and self.hours > 0):
             raise ConfigError(f"sim.hours must be a finite number > 0 or unset, got {self.hours}")
 
     def timing(self) -> TimingModel:
-        return TimingModel(self.profile, self.gpu, self.resolution)
+        cal = None if self.calibration is None else Calibration.load(self.calibration)
+        return TimingModel(self.profile, self.gpu, self.resolution, cal)

@@ -28,7 +28,6 @@ import signal
 from typing import TYPE_CHECKING
 
 from spotlight.comm import messages as m
-from spotlight.errors import NotFound
 from spotlight.sim.node import SimNode
 
 if TYPE_CHECKING:
@@ -42,7 +41,6 @@ class SimHost(SimNode):
         super().__init__(cluster, host_id, "spot", 0)
         self.capacity = capacity
         self.slices: dict[str, list[str]] = {}  # instance id -> its members (one per GPU)
-        self.on_books: set[str] = set()  # instances registered with the controller
 
     # --- instances ---------------------------------------------------------------------------------
     def add_slice(self, instance: str, gpus: int) -> None:
@@ -52,19 +50,14 @@ class SimHost(SimNode):
         if self.state != "serving":  # booting: registered and joined when the host is up
             return
         c, t = self.c, self.c.timing
-        self._book(instance)
+        self._book(instance, gpus)
         peer = c.recipe.runtime.peer_weights and any(
             x.state != "releasing" for x in self.sched.members.values())
         model = t.peer_copy_s(t.profile.weights_bytes) if peer else t.cold_load_s
         load = t.restart_s - t.cold_load_s + model  # the worker's process start, then its model
         self.restarting.update(members)  # a fresh worker per GPU: joins once its model is loaded
         for mid in members:
-            self.timers.append(c.clock.call_later(load, lambda mid=mid: self._rejoin(mid)))
-
-    def _book(self, instance: str) -> None:
-        gpus = len(self.slices[instance])
-        self.c.controller.register(m.Register(node_id=instance, kind="spot", workers=gpus))
-        self.on_books.add(instance)
+            self._after(load, lambda mid=mid: self._rejoin(mid))
 
     def lose(self, instance: str, sig: int) -> bool:
         """The market takes ``instance`` away: SIGKILL now, a notice at its groups' step boundaries."""
@@ -77,9 +70,8 @@ class SimHost(SimNode):
             return True
         boundary = now
         for run in self.runs.values():
-            k = run.done_steps(now)
-            if set(members) & set(run.members) and now > run.start_s and k < run.total:
-                boundary = max(boundary, run.start_s + (k + 1 - run.first_step) * run.step_s)
+            if set(members) & set(run.members) and run.done_steps() < run.total:
+                boundary = max(boundary, run.boundary_s(now))
         self.c.clock.call_at(boundary, lambda: self._take(instance, graceful=True))
         return True
 
@@ -105,7 +97,7 @@ class SimHost(SimNode):
             self._count_lost(gone=(mid,))
             self._do(self.sched.died(mid, "preempted"))
         if instance in self.on_books:
-            self.on_books.discard(instance)
+            del self.on_books[instance]
             if graceful:  # a killed instance falls silent: the controller's sweep declares it lost
                 c.controller.deregister(m.Deregister(node_id=instance, reason="leaving"))
         if self.gpus < self.sched.degree:  # no group can form here now: the leases go to other hosts
@@ -121,32 +113,8 @@ class SimHost(SimNode):
         c.wake()
 
     # --- the SimNode lifetime, by instance ---------------------------------------------------------
-    def _register(self) -> None:
-        if self.state != "starting":
-            return
-        self.registered = True
-        for instance in self.slices:
-            self._book(instance)
-        load = 0.0 if self.warm else self.c.timing.cold_load_s
-        self.timers.append(self.c.clock.call_later(load, self._ready))
-        self.timers.append(self.c.clock.call_later(self.c.recipe.runtime.node_beat_s, self._beat))
+    def _books(self) -> list[tuple[str, int]]:
+        return [(instance, len(members)) for instance, members in self.slices.items()]
 
-    def _ready(self) -> None:
-        if self.state != "starting":
-            return
-        self.state = "serving"
-        for members in self.slices.values():
-            for mid in members:
-                self._do(self.sched.join(mid))
-        self.pull()
-
-    def _beat(self) -> None:
-        if self.state == "gone":
-            return
-        for instance in list(self.on_books):
-            try:
-                self.c.controller.beat(m.NodeBeat(node_id=instance))
-            except NotFound:  # declared lost (a stall): register again, as the agent does
-                self._book(instance)
-        self.timers.append(self.c.clock.call_later(self.c.recipe.runtime.node_beat_s, self._beat))
-        self._heartbeats()
+    def _members(self) -> list[str]:
+        return [mid for members in self.slices.values() for mid in members]

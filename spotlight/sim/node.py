@@ -5,7 +5,9 @@ clock: it boots and registers with the controller, beats, long-polls the queue f
 as its idle members can form groups for, hands them to its ``GroupScheduler`` (groups of
 ``runtime.sp_degree`` at fresh epochs; degree 1 for single workers), loads each lease's weights
 version through its ``WeightsHolders`` (held: nothing; a node peer holds it: a peer copy; else a
-store fetch queued on the store's link), runs the remaining steps at ``TimingModel.step_s``,
+store fetch queued on the store's link), runs the remaining steps at ``TimingModel.step_s`` on its
+node class's processors (``SimCluster.cores``: a device per worker, or cores shared by every
+process computing on them, its start included — ``spotlight.sim.cores``),
 heartbeats every lease with its committed step, and completes on the queue. A notice (SIGTERM)
 stops every group at its next step boundary and releases its leases; a SIGKILL leaves them to the
 lease expiry or the controller's lost-node sweep. Commits reach the store at each heartbeat, at a
@@ -20,12 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from spotlight.actors.node.groups import Finished, Form, GroupScheduler, Kill, Leave
+from spotlight.actors.node.groups import Form, GroupScheduler, Kill, Leave
 from spotlight.actors.node.holders import WeightsHolders
 from spotlight.comm import messages as m
 from spotlight.errors import NotFound, StaleAttempt
 from spotlight.policy.caching import StepCache
 from spotlight.sim.clock import Timer
+from spotlight.sim.cores import Cores, Task
 from spotlight.spot.accounting import RequestSteps
 
 if TYPE_CHECKING:
@@ -35,7 +38,8 @@ GONE = (StaleAttempt, NotFound)
 
 @dataclass(slots=True)
 class _Run:
-    """One formed group's request."""
+    """One formed group's request: it loads until ``start_s``, then computes its steps as a task
+    on the node's cores."""
 
     lease: m.LeaseGrant
     epoch: int
@@ -43,13 +47,29 @@ class _Run:
     start_s: float  # compute starts (weights loaded)
     first_step: int  # steps done before this attempt (its resume point)
     total: int
-    step_s: float
-    timer: Timer | None = None
+    step_s: float  # one step alone on a processor
+    cores: Cores
+    timer: Timer | None = None  # the start of its compute
+    task: Task | None = None  # its compute, once started
 
-    def done_steps(self, now: float) -> int:
-        if now <= self.start_s:
+    def done_steps(self) -> int:
+        if self.task is None:
             return self.first_step
-        return min(self.total, self.first_step + int((now - self.start_s) / self.step_s + 1e-9))
+        return min(self.total, self.first_step + int(self.cores.progress(self.task) + 1e-9))
+
+    def boundary_s(self, now: float) -> float:
+        """When the step under way ends at the cores' present load (now: loading, or done)."""
+        if self.task is None or self.task not in self.cores.tasks:
+            return now
+        left = self.done_steps() + 1 - self.first_step - self.cores.progress(self.task)
+        return now + left * self.cores.unit_time(self.task)
+
+    def halt(self) -> None:
+        """Its compute stops now (or never starts)."""
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.task is not None:
+            self.cores.stop(self.task)
 
 
 class SimNode:
@@ -63,9 +83,13 @@ class SimNode:
                                     clock=cluster.clock)
         self.holders = WeightsHolders(rt.worker_versions)
         self.state = "starting"  # starting | serving | leaving | gone
+        self.cores = cluster.cores[kind]
         self.leases: dict[str, m.LeaseGrant] = {}
         self.runs: dict[int, _Run] = {}
         self.timers: list[Timer] = []
+        self.tasks: list[Task] = []  # its processes starting on shared cores
+        self.on_books: dict[str, int] = {}  # node ids registered with the controller -> their workers
+        self._leaving: set[int] = set()  # epochs a notice stops at their next step boundary
         self.loaded_at: dict[tuple[str, int], float] = {}  # (worker, version) -> when it holds it
         self.warm = self.registered = False
         self.restarting: set[str] = set()  # members restarting cold (runtime.sp_regroup = false)
@@ -77,32 +101,53 @@ class SimNode:
         counts it from then on, as the runtime's does), its workers load the model
         (``cold_load_s``; at once if warm), then it serves."""
         self.warm = warm
-        boot = 0.0 if warm else self.c.timing.node_start_s
-        self.timers.append(self.c.clock.call_later(boot, self._register))
+        self._after(0.0 if warm else self.c.timing.node_start_s, self._register)
+
+    def _after(self, seconds: float, then) -> None:
+        """``then`` after a process's ``seconds`` of start-up: a wait on a device of its own, work
+        among the others' on shared cores."""
+        if seconds <= 0 or self.cores.slowdown is None:
+            self.timers.append(self.c.clock.call_later(seconds, then))
+        else:
+            self.tasks.append(self.cores.start(1, seconds, then))
+
+    def _books(self) -> list[tuple[str, int]]:
+        """What registers with the controller when the agent is up: (node id, workers)."""
+        return [(self.node_id, self.gpus)]
+
+    def _members(self) -> list[str]:
+        """The workers that join the scheduler when the model is loaded."""
+        return [f"{self.node_id}/w{i}" for i in range(self.gpus)]
+
+    def _book(self, node_id: str, workers: int) -> None:
+        self.c.controller.register(m.Register(node_id=node_id, kind=self.kind, workers=workers))
+        self.on_books[node_id] = workers
 
     def _register(self) -> None:
         if self.state != "starting":
             return
-        c, self.registered = self.c, True
-        c.controller.register(m.Register(node_id=self.node_id, kind=self.kind, workers=self.gpus))
-        self.timers.append(c.clock.call_later(0.0 if self.warm else c.timing.cold_load_s, self._ready))
-        self.timers.append(c.clock.call_later(c.recipe.runtime.node_beat_s, self._beat))
+        self.registered = True
+        for node_id, workers in self._books():
+            self._book(node_id, workers)
+        self._after(0.0 if self.warm else self.c.timing.cold_load_s, self._ready)
+        self.timers.append(self.c.clock.call_later(self.c.recipe.runtime.node_beat_s, self._beat))
 
     def _ready(self) -> None:
         if self.state != "starting":
             return
         self.state = "serving"
-        for i in range(self.gpus):
-            self._do(self.sched.join(f"{self.node_id}/w{i}"))
+        for mid in self._members():
+            self._do(self.sched.join(mid))
         self.pull()
 
     def _beat(self) -> None:
         if self.state == "gone":
             return
-        try:
-            self.c.controller.beat(m.NodeBeat(node_id=self.node_id))
-        except NotFound:  # declared lost (a stall): register again, as the agent does
-            self.c.controller.register(m.Register(node_id=self.node_id, kind=self.kind, workers=self.gpus))
+        for node_id, workers in list(self.on_books.items()):
+            try:
+                self.c.controller.beat(m.NodeBeat(node_id=node_id))
+            except NotFound:  # declared lost (a stall): register again, as the agent does
+                self._book(node_id, workers)
         self.timers.append(self.c.clock.call_later(self.c.recipe.runtime.node_beat_s, self._beat))
         self._heartbeats()
 
@@ -114,52 +159,56 @@ class SimNode:
             self._gone()
             return
         self.state = "leaving"
-        now, last = self.c.clock(), self.c.clock()
         for rid in list(self.sched.pending):  # leases waiting for a group go back at once
             self._release(rid)
+        self._leaving = set(self.runs)
         for run in list(self.runs.values()):
-            if run.timer is not None:
-                run.timer.cancel()
-            k = run.done_steps(now)
-            boundary = now  # loading, or done: stops now; else at the end of the step under way
-            if k < run.total and now > run.start_s:
-                boundary = run.start_s + (k + 1 - run.first_step) * run.step_s
-            last = max(last, boundary)
-            self.c.clock.call_at(boundary, lambda run=run: self._stop_at_boundary(run))
-        self.c.clock.call_at(last, self._exit)
+            if run.task is not None and run.task in self.cores.tasks and run.done_steps() < run.total:
+                k = run.done_steps() + 1 - run.first_step  # computing: stops when the step under way ends
+                self.cores.end_at(run.task, k, lambda run=run: self._stop_at_boundary(run))
+            else:  # loading, or done: stops now
+                run.halt()
+                self.c.clock.call_later(0.0, lambda run=run: self._stop_at_boundary(run))
+        if not self.runs:
+            self.c.clock.call_later(0.0, self._exit)
 
     def _stop_at_boundary(self, run: _Run) -> None:
-        now = self.c.clock()
-        self._log_steps(run, run.done_steps(now))
+        self._log_steps(run, run.done_steps())
+        run.halt()
         self.runs.pop(run.epoch, None)
         self._release(run.lease.request_id)
+        self._leaving.discard(run.epoch)
+        if not self._leaving:
+            self._exit()
 
     def _exit(self) -> None:
         if self.state == "gone":
             return
         self._gone()
-        if self.registered:
-            self.c.controller.deregister(m.Deregister(node_id=self.node_id, reason="leaving"))
+        for node_id in self.on_books:
+            self.c.controller.deregister(m.Deregister(node_id=node_id, reason="leaving"))
+        self.on_books.clear()
         self.c.wake()
 
     def kill(self) -> None:
         """SIGKILL: gone now. Steps finished are committed; leases wait for expiry or the sweep."""
         if self.state == "gone":
             return
-        now = self.c.clock()
         for run in list(self.runs.values()):
-            self._log_steps(run, run.done_steps(now))
-        self.runs.clear()
+            self._log_steps(run, run.done_steps())
         self._gone()
+        self.runs.clear()
 
     def _gone(self) -> None:
         self.state = "gone"
         for t in self.timers:
             t.cancel()
+        for task in self.tasks:
+            self.cores.stop(task)
         for run in self.runs.values():
-            if run.timer is not None:
-                run.timer.cancel()
+            run.halt()
         self.timers.clear()
+        self.tasks.clear()
         self.c.hungry.pop(self, None)
         self.c.set_busy(self, 0)
 
@@ -184,8 +233,6 @@ class SimNode:
         for cmd in cmds:
             if isinstance(cmd, Form):
                 self._form(cmd)
-            elif isinstance(cmd, Finished):
-                self._finished(cmd)
             elif isinstance(cmd, Leave):  # a broken group: its members stop now
                 self._drop(cmd.epoch)
                 if self.c.recipe.runtime.sp_regroup:  # same process, same weights: idle at once
@@ -202,7 +249,7 @@ class SimNode:
         self.holders.forget(member)
         self.restarting.add(member)
         self._do(self.sched.died(member, "restarted cold"))
-        self.timers.append(self.c.clock.call_later(self.c.timing.restart_s, lambda: self._rejoin(member)))
+        self._after(self.c.timing.restart_s, lambda: self._rejoin(member))
 
     def _rejoin(self, member: str) -> None:
         if member not in self.restarting or self.state != "serving":
@@ -220,17 +267,17 @@ class SimNode:
         if work.KIND == "explore":  # exploration runs on rank 0 alone; the others are free at once
             members = cmd.members[:1]
             steps = c.steps if work.cache is None else StepCache.parse(work.cache).nominal_calls(c.steps)
-            step_s = c.timing.step_s(len(work.seeds), 1)
+            step_s = c.timing.step_s(len(work.seeds), 1, self.kind)
         else:
             steps = c.steps
-            step_s = c.timing.step_s(len(work.seeds), len(members))
+            step_s = c.timing.step_s(len(work.seeds), len(members), self.kind)
         req = self.sched.requests.get(cmd.request_id)
         regroup = c.timing.regroup_s if req is not None and req.attempts > 1 else 0.0
         ready = c.clock() + regroup + self._load(members, work.version)
         c.resumed(cmd.request_id, ready)
-        run = _Run(lease, cmd.epoch, members, ready, first, steps, step_s)
+        run = _Run(lease, cmd.epoch, members, ready, first, steps, step_s, self.cores)
         self.runs[cmd.epoch] = run
-        run.timer = c.clock.call_at(ready + (steps - first) * step_s, lambda: self._complete(run))
+        run.timer = c.clock.call_at(ready, lambda: self._compute(run))
         if work.KIND == "explore":
             for mid in cmd.members[1:]:
                 self._do(self.sched.done(mid, cmd.epoch))
@@ -254,13 +301,19 @@ class SimNode:
             ready = max(ready, t)
         return ready
 
+    def _compute(self, run: _Run) -> None:
+        """``run``'s weights are loaded: its remaining steps compute on the node's cores."""
+        delay = self.c.recipe.runtime.step_delay_s  # a modelled slower device sleeps after each step
+        steps = run.total - run.first_step
+        run.task = self.cores.start(steps, run.step_s, lambda: self._complete(run), delay)
+
     def _complete(self, run: _Run) -> None:
         c = self.c
         if self.runs.pop(run.epoch, None) is None:
             return
         self._log_steps(run, run.total)
         lease, rid = run.lease, run.lease.request_id
-        compute = (run.total - run.first_step) * run.step_s
+        compute = c.clock() - run.start_s
         if lease.work.KIND == "rollout":
             if c.recipe.runtime.step_commits:
                 c.store.seal_commit(rid, run.total, f"traj/{rid}")
@@ -288,12 +341,12 @@ class SimNode:
     def _drop(self, epoch: int) -> None:
         run = self.runs.pop(epoch, None)
         if run is not None:
-            self._log_steps(run, run.done_steps(self.c.clock()))
-            if run.timer is not None:
-                run.timer.cancel()
-
-    def _finished(self, cmd: Finished) -> None:
-        pass  # the queue was told in _complete; the scheduler's record is enough
+            self._log_steps(run, run.done_steps())
+            run.halt()
+        if epoch in self._leaving:  # a notice was waiting for it to stop
+            self._leaving.discard(epoch)
+            if not self._leaving:
+                self._exit()
 
     def _release(self, rid: str) -> None:
         lease = self.leases.pop(rid, None)
@@ -308,7 +361,7 @@ class SimNode:
 
     def _heartbeats(self) -> None:
         """Every held lease's heartbeat with its committed step (one timer per node, at the beat)."""
-        c, now = self.c, self.c.clock()
+        c = self.c
         if self.state not in ("serving", "leaving"):
             return
         steps = {run.lease.request_id: run for run in self.runs.values()}
@@ -317,7 +370,7 @@ class SimNode:
             run = steps.get(rid)
             step = None
             if run is not None:
-                done = run.done_steps(now)
+                done = run.done_steps()
                 if lease.work.KIND == "rollout":
                     step = done
                     if step > 0 and c.recipe.runtime.step_commits:

@@ -89,7 +89,8 @@ class SimRun:
     def _start(self) -> None:
         rt, sp, c = self.recipe.runtime, self.recipe.spot, self.cluster
         trainer = {"kind": "reserved", "workers": self.recipe.sim.trainer_gpus}
-        self.account.on_event("join", "trainer", trainer)
+        if self.timing.calibration is None:  # calibrated: one machine, the trainer on the reserved node
+            self.account.on_event("join", "trainer", trainer)
         if rt.reserved_workers > 0:
             c.add_node("reserved", kind="reserved", gpus=rt.reserved_workers, warm=True)
         if self.replay is None:
@@ -219,7 +220,7 @@ class SimRun:
         t3 = clock()
         busy0, present0 = c.busy_gpu_s(), self.account.meter.gpu_seconds("spot")
         train_s = self.timing.train_s(samples, self.train_timesteps, self.recipe.sim.trainer_gpus)
-        clock.run(end=t3 + train_s)
+        c.train(train_s)
         busy1, present1 = c.busy_gpu_s(), self.account.meter.gpu_seconds("spot")
         self.version += 1
         c.store.publish_weights(self.version, {})
@@ -257,6 +258,8 @@ class SimRun:
             (self.out / "metrics.jsonl").unlink(missing_ok=True)
             metrics = MetricsLog(self.out / "metrics.jsonl")
         self._start()
+        if sim.setup_s > 0:  # the trainer's set-up after the replay started
+            self.clock.run(end=sim.setup_s)
         pending = None
         last = r.iterations - 1
         for it in range(r.iterations):

@@ -9,25 +9,33 @@
   a weights update from the tensor store across nodes, a copy from a worker on the same node;
 - ``regroup_s``, ``restart_s``: an SP group re-formed on its live workers; a worker restarted cold;
 - ``node_start_s``: a spot node from the market's grant to its agent registering;
-- ``notice_s(cloud)``: the cloud's spot warning (``spotlight.spot.config.NOTICE_S``).
+- ``slowdown(kind)``: with a calibration, how much longer a unit of work takes with ``n`` processes
+  computing at once on the cores of that node class (``spotlight.sim.cores``); None: a device each.
 
 Profiles (``PROFILES``): ``qwen-image-20b`` (Qwen-Image's MMDiT, priced by FLOPs on ``h100`` or
 ``h200``) and ``tiny`` (this project's CPU model, priced by what was measured on this machine, on
-``cpu``). A FLOP-priced step is FLOPs / (peak x utilisation), the utilisation falling for short
-sequences (``_utilisation``); an SP step adds Ulysses' four all-to-alls per block over NVLink.
-Every constant says where it comes from; "assumption" marks the ones no public figure pins down
-(they are the knobs a calibration on real GPUs should replace).
+``cpu``). A ``Calibration`` (``spotlight.sim.calibrate`` measures one; ``sim.calibration`` names
+its JSON) replaces the tiny profile's built-in figures with a machine's measured primitives: step
+seconds with 1..K processes computing at once on the spot cores and on the reserved cores, the
+trainer's seconds per sample, a node agent's and a worker's start; with it, spot workers share the
+spot cores and reserved workers share the trainer's, as on the machine it measured.
+
+A FLOP-priced step is FLOPs / (peak x utilisation), the utilisation falling for short sequences
+(``_utilisation``); an SP step adds Ulysses' four all-to-alls per block over NVLink. Every constant
+says where it comes from; "assumption" marks the ones no public figure pins down (they are the
+knobs a calibration on real GPUs should replace).
 
 Knows numbers only: nothing of queues, nodes or the clock.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 from spotlight.errors import ConfigError
-from spotlight.spot.config import NOTICE_S
 
 GB = 1e9
 
@@ -157,10 +165,78 @@ WORKER_START_S = 20.0
 TRAIN_FORWARDS = 4
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    """One machine's measured primitives of the tiny profile (what ``spotlight.sim.calibrate``
+    measures; stored as JSON). Step seconds are per denoising step of a request of ``batch``
+    samples, its text encoding and reward scoring spread over its ``steps``."""
+
+    batch: int
+    """Samples per request the step seconds were measured with."""
+    steps: int
+    """Denoising steps per request measured."""
+    spot_step_s: tuple[float, ...]
+    """Seconds per step with 1, 2, ... processes computing at once on the spot cores."""
+    reserved_step_s: tuple[float, ...]
+    """The same on the reserved cores (the trainer's)."""
+    train_s_per_sample: float
+    """The trainer's update seconds per rollout sample, alone on the reserved cores."""
+    node_start_s: float
+    """A node agent process from its start to registered (interpreter and imports), spot cores."""
+    worker_start_s: float
+    """A worker process from its start to its model loaded, spot cores."""
+
+    def __post_init__(self) -> None:
+        for name in ("spot_step_s", "reserved_step_s"):
+            v = getattr(self, name)
+            if not v or not all(math.isfinite(x) and x > 0 for x in v):
+                raise ConfigError(f"calibration {name} must be a non-empty list of seconds > 0, got {v!r}")
+        for name in ("batch", "steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"calibration {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("train_s_per_sample", "node_start_s", "worker_start_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ConfigError(f"calibration {name} must be seconds >= 0, got {v!r}")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        """The calibration in the JSON file ``path``; a missing or malformed file is one ConfigError."""
+        try:
+            raw = json.loads(Path(path).read_text())
+            names = {f.name for f in fields(cls)}
+            if not isinstance(raw, dict) or set(raw) - names or names - set(raw):
+                raise ValueError(f"expected the keys {sorted(names)}")
+            for k in ("spot_step_s", "reserved_step_s"):
+                raw[k] = tuple(float(x) for x in raw[k])
+            return cls(**raw)
+        except (OSError, ValueError, TypeError) as e:
+            raise ConfigError(f"sim.calibration {str(path)!r}: {e}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")
+
+    def slowdown(self, kind: str):
+        """n -> step seconds with n computing at once over alone, on ``kind``'s cores: the measured
+        ratio, linear in n past the last one measured (the spot cores' shape where the reserved
+        cores' measurement is shorter)."""
+        own = self.spot_step_s if kind == "spot" else self.reserved_step_s
+        shape = own if len(own) >= len(self.spot_step_s) else self.spot_step_s
+        ratios = [x / shape[0] for x in shape]
+
+        def slowdown(n: int) -> float:
+            if n <= len(ratios):
+                return ratios[max(n, 1) - 1]
+            return ratios[-1] * n / len(ratios)
+
+        return slowdown
+
+
 class TimingModel:
     """Seconds for the work of one run; see the module docstring."""
 
-    def __init__(self, profile: str, gpu: str, resolution: int | None = None) -> None:
+    def __init__(self, profile: str, gpu: str, resolution: int | None = None,
+                 calibration: Calibration | None = None) -> None:
         if profile not in PROFILES:
             raise ConfigError(f"sim.profile must be one of {', '.join(PROFILES)}, got {profile!r}")
         if gpu not in GPUS:
@@ -175,6 +251,10 @@ class TimingModel:
             raise ConfigError(f"sim.resolution must be a positive multiple of {unit} for {profile!r}, "
                               f"got {self.resolution}")
         self.tokens = self.profile.tokens(self.resolution)
+        if calibration is not None and self.profile.measured_step_s is None:
+            raise ConfigError(f"sim.calibration measures the tiny profile; profile {profile!r} is priced "
+                              "by FLOPs")
+        self.calibration = calibration
 
     # --- compute -----------------------------------------------------------------------------------
     def forward_flops(self, batch: int = 1) -> float:
@@ -183,12 +263,18 @@ class TimingModel:
         p, n = self.profile, self.tokens
         return batch * (2 * p.params * n + 4 * p.layers * p.hidden * n * n)
 
-    def step_s(self, batch: int = 1, sp_degree: int = 1) -> float:
-        """One denoising step of ``batch`` samples on ``sp_degree`` GPUs (CFG forwards included)."""
+    def step_s(self, batch: int = 1, sp_degree: int = 1, kind: str = "spot") -> float:
+        """One denoising step of ``batch`` samples on ``sp_degree`` GPUs (CFG forwards included) of
+        a ``kind`` node, alone on its processor."""
         p = self.profile
         if p.measured_step_s is not None:  # measured: linear in batch and in tokens, no SP speed-up
             base = self.profile.tokens(p.default_resolution)
-            return p.measured_step_s * (batch / p.measured_batch) * (self.tokens / base)
+            step, per = p.measured_step_s, p.measured_batch
+            if self.calibration is not None:
+                cal = self.calibration
+                step = (cal.spot_step_s if kind == "spot" else cal.reserved_step_s)[0]
+                per = cal.batch
+            return step * (batch / per) * (self.tokens / base)
         per_gpu_tokens = batch * self.tokens / sp_degree
         flops = p.cfg_forwards * self.forward_flops(batch) / sp_degree
         compute = flops / (self.gpu.peak_flops * _utilisation(per_gpu_tokens))
@@ -208,6 +294,8 @@ class TimingModel:
         """The GRPO update of ``samples`` rollouts at ``timesteps`` trained steps each on ``gpus``
         reserved GPUs (FSDP2: the work splits evenly)."""
         p = self.profile
+        if self.calibration is not None:
+            return samples * self.calibration.train_s_per_sample / max(gpus, 1)
         if p.measured_train_s_per_sample is not None:
             return samples * p.measured_train_s_per_sample / max(gpus, 1)
         flops = samples * timesteps * p.cfg_forwards * TRAIN_FORWARDS * self.forward_flops(1)
@@ -218,6 +306,8 @@ class TimingModel:
     def cold_load_s(self) -> float:
         """The whole model from cold storage into one GPU of a fresh node."""
         p = self.profile
+        if self.calibration is not None:
+            return self.calibration.worker_start_s
         if p.measured_step_s is not None:
             return 2.3  # a cold tiny worker: 2.3-3.4 s measured (DESIGN.md §7: imports + model)
         return p.weights_bytes / (COLD_READ_GBPS * GB) + p.weights_bytes / (PCIE_GBPS * GB)
@@ -244,15 +334,16 @@ class TimingModel:
 
     @property
     def node_start_s(self) -> float:
+        if self.calibration is not None:
+            return self.calibration.node_start_s
         if self.profile.measured_step_s is not None:
             return 1.0  # a local agent process: imports and registration (DESIGN.md §7: import torch ~1 s)
         return NODE_START_S
 
-    @staticmethod
-    def notice_s(cloud: str) -> float:
-        if cloud not in NOTICE_S:
-            raise ConfigError(f"spot.cloud must be one of {', '.join(NOTICE_S)}, got {cloud!r}")
-        return NOTICE_S[cloud]
+    def slowdown(self, kind: str):
+        """n -> how much longer work takes with n processes computing at once on a ``kind`` node's
+        cores (the calibration's measurement); None: every worker has a device of its own."""
+        return None if self.calibration is None else self.calibration.slowdown(kind)
 
     def describe(self) -> str:
         return (f"{self.profile.name} at {self.resolution}^2 ({self.tokens} tokens) on {self.gpu.name}: "

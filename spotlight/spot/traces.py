@@ -130,6 +130,20 @@ def events_from_counts(steps: Iterable[tuple[float, int]], prefix: str = "node")
     return events
 
 
+AWS_G4DN = "aws-g4dn-xlarge-us-east-1c-2020-11-20.csv"
+"""The AWS g4dn.xlarge trace (us-east-1c, 2020-11-20; from Bamboo) the benches replay."""
+
+
+def shared_trace(name: str = AWS_G4DN) -> Path | None:
+    """``shared/traces/<name>`` beside the repository (in the first folder above this package that
+    has a ``shared/traces``), or None where there is none or it lacks ``name``."""
+    for parent in Path(__file__).resolve().parents:
+        folder = parent / "shared" / "traces"
+        if folder.is_dir():
+            return folder / name if (folder / name).is_file() else None
+    return None
+
+
 def read_trace(path: str | Path, format: str | None = None) -> Trace:
     """Read a trace file in any of `FORMATS` (detected from its content unless ``format`` names it)."""
     path = Path(path)

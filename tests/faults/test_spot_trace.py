@@ -9,23 +9,22 @@ the shared trace is not beside the repository (../shared/traces/).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from tiny_recipe import TINY_MODEL
 
 from spotlight import Experiment, load_recipe
+from spotlight.spot.traces import shared_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-AWS = Path(__file__).parents[3] / "shared" / "traces" / "aws-g4dn-xlarge-us-east-1c-2020-11-20.csv"
+AWS = shared_trace()
 TRACE_START_S = 21529  # the trace is empty before (no instance granted yet)
 TRACE_HOUR_S = 2.4  # 18.5 trace hours -> 44 run seconds
 SPOT_FIELDS = ("spot_nodes", "preemptions", "requests_resumed", "steps_lost", "gpu_s_reserved", "gpu_s_spot",
                "cost_usd")
 
 
-@pytest.mark.skipif(not AWS.exists(), reason=f"the shared AWS trace is not at {AWS}")
+@pytest.mark.skipif(AWS is None, reason="the shared AWS trace is not beside the repository")
 def test_aws_trace_replayed_end_to_end(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     recipe = load_recipe("tiny", [

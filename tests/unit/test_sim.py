@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -19,10 +18,9 @@ from spotlight.recipe import load_recipe
 from spotlight.sim.clock import VirtualClock
 from spotlight.sim.run import SimRun
 from spotlight.sim.timing import TimingModel
+from spotlight.spot.traces import shared_trace
 
-_NAME = "aws-g4dn-xlarge-us-east-1c-2020-11-20.csv"  # ../shared/traces beside the checkout (or a worktree's)
-TRACE = next((p / "shared" / "traces" / _NAME for p in Path(__file__).resolve().parents[3:5]
-              if (p / "shared" / "traces" / _NAME).exists()), Path("/nonexistent") / _NAME)
+TRACE = shared_trace()  # ../shared/traces beside the checkout (or a worktree's)
 
 
 def _recipe(tmp_path, *extra: str):
@@ -52,7 +50,7 @@ def _run(recipe):
     return sim, summary, done, time.perf_counter() - t
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="the AWS trace is not here")
+@pytest.mark.skipif(TRACE is None, reason="the AWS trace is not here")
 def test_real_trace_at_64_gpus_conserves_work(tmp_path):
     sim, summary, done, _ = _run(_recipe(tmp_path))  # its wall time is the scale bench's figure
     its = sim.records
@@ -79,7 +77,7 @@ def test_real_trace_at_64_gpus_conserves_work(tmp_path):
     assert (tmp_path / "sim" / "spot.png").stat().st_size > 10_000
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="the AWS trace is not here")
+@pytest.mark.skipif(TRACE is None, reason="the AWS trace is not here")
 def test_without_commits_preempted_steps_are_lost(tmp_path):
     _, summary, done, _ = _run(_recipe(tmp_path, "runtime.step_commits=false", "sim.hours=2.0"))
     assert summary["steps_lost"] > 0 and summary["requests_resumed"] == 0
