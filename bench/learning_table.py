@@ -19,6 +19,12 @@ import sys
 from pathlib import Path
 
 
+def _evals(run: Path, budget: int) -> list[dict]:
+    """A run's eval records up to the comparison's budget (a longer run serves a shorter one)."""
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r for r in records if r["event"] == "eval" and r["iteration"] <= budget]
+
+
 def compare_table(folder: Path, rises: list[float]) -> None:
     """Iterations to each rise per learning setting of a compare output folder (module docstring)."""
     import statistics
@@ -41,15 +47,13 @@ def compare_table(folder: Path, rises: list[float]) -> None:
         for rise in rises:
             its = []
             for run in runs:
-                evals = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines()
-                         if x.strip() and json.loads(x)["event"] == "eval"]
+                evals = _evals(Path(run), data["config"]["iterations"])
                 hit = next((r["iteration"] for r in evals if r["eval_ode_heldout"] >= base + rise), None)
                 its.append(hit)
             per_rise.append(its)
         finals = []
         for run in runs:
-            evals = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines()
-                     if x.strip() and json.loads(x)["event"] == "eval"]
+            evals = _evals(Path(run), data["config"]["iterations"])
             finals.append(evals[-1]["eval_ode_heldout"] - base)
         rows.append((what, info, per_rise, finals))
 

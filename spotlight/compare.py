@@ -19,7 +19,8 @@ runtime, spot and sim sections and the run's bookkeeping left out; an ``explore.
 exploration table reduced to that) share one learning run per seed — the runtime's results are
 bit-identical to in-process (tests/integration/test_runtime_equivalence.py) — and the report says
 which shared. A learning run whose folder already holds a finished run of the same recipe is
-reused, so a second comparison on another trace costs no learning.
+reused (one run further serves a shorter budget, but for the overlap schedule: ``_finished``), so a
+second comparison on another trace costs no learning.
 
 Time and cost per iteration come from ``mode``:
 
@@ -64,7 +65,8 @@ SYSTEMS = ("reserved_only", "reserved_best_of_n", "naive_spot", "spotlight_no_ex
 BASELINES = ("reserved_only", "naive_spot")
 """The systems every other one is compared against (ratios), when they are in the comparison."""
 MODES = ("sim", "runtime")
-_BOOKKEEPING = ("name", "out_dir", "mode", "device", "tensorboard", "checkpoint_every", "minutes")
+_BOOKKEEPING = ("name", "out_dir", "mode", "device", "tensorboard", "checkpoint_every", "minutes",
+                "iterations")
 _LEARNING_SECTIONS = ("run", "model", "sampler", "grpo", "explore", "reward")
 ALONE = " (reserved part alone)"
 
@@ -175,7 +177,9 @@ def learning_recipe(config: CompareConfig, system: str, seed: int, name: str, ou
 
 
 def learning_key(recipe: Recipe) -> str:
-    """What learning reads of ``recipe`` (module docstring), as canonical JSON."""
+    """What learning reads of ``recipe`` (module docstring), as canonical JSON. ``run.iterations``
+    is left out: iteration i of a run does not depend on how many follow it, except under
+    ``explore.schedule = "overlap"`` at the last one (``_finished`` holds that line)."""
     d = recipe.to_dict()
     out = {k: d[k] for k in _LEARNING_SECTIONS}
     out["run"] = {k: v for k, v in out["run"].items() if k not in _BOOKKEEPING}
@@ -329,7 +333,7 @@ def compare(config: CompareConfig, progress: bool = True) -> CompareResult:
         _check_runtime_trace(config, merged)
 
     say(f"compare: evaluating the base of {config.task} (held-out ODE) before any RL")
-    base = _base_eval(learn[config.systems[0], config.seeds[0]], out / "base")
+    base = _base_eval(learn[config.systems[0], config.seeds[0]], out / "base", learn_dir)
     kind, value = parse_target(config.target)
     target = base + value if kind == "rise" else value
     if base >= target:
@@ -462,9 +466,18 @@ def _check_runtime_trace(config: CompareConfig, merged: dict[str, Recipe]) -> No
                               f"than run.minutes={rec.run.minutes:g} of {s}")
 
 
-def _base_eval(recipe: Recipe, out: Path) -> float:
-    """The held-out ODE score of the untrained base (the evaluation every run starts with)."""
+def _base_eval(recipe: Recipe, out: Path, learn_dir: Path) -> float:
+    """The held-out ODE score of the untrained base (the evaluation every run starts with); kept
+    in ``learn_dir`` under a digest of what it reads, so a comparison over the same learning
+    folder evaluates it once."""
     import torch
+
+    what = json.loads(learning_key(recipe))
+    what.pop("explore")
+    what["run"].pop("seed")
+    kept = learn_dir / f"base-{hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:8]}.json"
+    if kept.is_file():
+        return float(json.loads(kept.read_text())["eval_ode_heldout"])
 
     from spotlight import work
     from spotlight.evaluation import Evaluator
@@ -475,18 +488,30 @@ def _base_eval(recipe: Recipe, out: Path) -> float:
     out.mkdir(parents=True, exist_ok=True)
     rec = Evaluator(model, recipe, work.recipe_reward(recipe), out)(0, save_samples=True)
     (out / "eval.json").write_text(json.dumps(rec) + "\n")
+    learn_dir.mkdir(parents=True, exist_ok=True)
+    kept.write_text(json.dumps(rec) + "\n")
     return float(rec["eval_ode_heldout"])
 
 
 def _finished(folder: Path, recipe: Recipe) -> bool:
-    """``folder`` holds a finished run of ``recipe`` (its recipe.json and a last eval at the end)."""
+    """``folder`` holds a finished run that serves ``recipe``: the same recipe (its bookkeeping
+    aside) run to ``run.iterations`` — or further, with an evaluation at ``run.iterations``, when
+    the schedule is not "overlap" (whose last iteration skips the next exploration: the records
+    before it are those of a shorter run)."""
     try:
         saved = json.loads((folder / "recipe.json").read_text())
         evals = _evals(folder)
     except (FileNotFoundError, json.JSONDecodeError):
         return False
-    return (saved == json.loads(json.dumps(recipe.to_dict()))
-            and bool(evals) and evals[-1]["iteration"] == recipe.run.iterations)
+    want = json.loads(json.dumps(recipe.to_dict()))
+    if not evals or {**saved, "run": {}} != {**want, "run": {}}:
+        return False
+    skip = set(_BOOKKEEPING)
+    if any(saved["run"].get(k) != v for k, v in want["run"].items() if k not in skip):
+        return False
+    n, done = recipe.run.iterations, evals[-1]["iteration"]
+    return done == n or (done > n and recipe.explore.schedule != "overlap"
+                         and any(e["iteration"] == n for e in evals))
 
 
 def _learn(recipe: Recipe, say) -> Path:
@@ -542,11 +567,11 @@ def breakdown(records: list[dict[str, Any]]) -> dict[str, float]:
 
 def _reach(folder: Path, seed: int, target: float, sim: dict[str, Any] | None,
            config: CompareConfig) -> Reach:
-    evals = _evals(folder)
+    evals = [e for e in _evals(folder) if e["iteration"] <= config.iterations]  # a longer run: its first part
     if sim is not None:
         records = sim["records"]
     else:
-        records = [r for r in _records(folder) if r.get("event") == "iteration"]
+        records = [r for r in _records(folder) if r.get("event") == "iteration"][:config.iterations]
     curve = []
     hit = None
     for ev in evals:

@@ -125,7 +125,7 @@ def test_unknown_system_is_one_line(tmp_path, capsys):
 def test_target_the_base_meets_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="the base already scores"):
         compare(_config(tmp_path, target="0.0"), progress=False)
-    assert not (tmp_path / "cmp" / "learning").exists()
+    assert not list((tmp_path / "cmp" / "learning").glob("*/metrics.jsonl"))  # no learning run started
 
 
 def test_trace_too_short_is_one_line(tmp_path):

@@ -161,11 +161,13 @@ def test_account_prices_real_joins_and_counts_preemptions(tmp_path):
 def test_baselines_switch_options_of_the_one_recipe(tmp_path):
     tiny, reserved, naive = (load_recipe(n).to_dict() for n in ("tiny", "reserved_only", "naive_spot"))
     changed = {s: {k for k in tiny[s] if tiny[s][k] != reserved[s][k]} for s in tiny}
-    assert {s: v for s, v in changed.items() if v} == {"run": {"name"},
-                                                       "runtime": {"spot_workers", "reserved_workers"}}
+    assert {s: v for s, v in changed.items() if v} == {
+        "run": {"name"}, "runtime": {"spot_workers", "reserved_workers"},
+        "spot": {"reserved_usd_per_gpu_hour", "spot_usd_per_gpu_hour"}}  # H100 list prices
     assert reserved["runtime"]["spot_workers"] == 0 and reserved["spot"]["trace"] is None
     changed = {s: {k for k in tiny[s] if tiny[s][k] != naive[s][k]} for s in tiny}
-    assert changed["runtime"] == {"step_commits", "sp_regroup"} and naive["runtime"]["step_commits"] is False
+    assert changed["runtime"] == {"step_commits", "sp_regroup", "peer_weights"}
+    assert naive["runtime"]["step_commits"] is False and naive["runtime"]["peer_weights"] is False
     assert naive["runtime"]["sp_regroup"] is False
     assert naive["explore"]["schedule"] == "critical"
     mine = tmp_path / "mine.toml"  # a user's recipe may extend a built-in one, and be overridden
