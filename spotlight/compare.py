@@ -332,7 +332,7 @@ def compare(config: CompareConfig, progress: bool = True) -> CompareResult:
     elif config.trace is not None:
         _check_runtime_trace(config, merged)
 
-    say(f"compare: evaluating the base of {config.task} (held-out ODE) before any RL")
+    say(f"compare: the base of {config.task} (held-out ODE), before any RL")
     base = _base_eval(learn[config.systems[0], config.seeds[0]], out / "base", learn_dir)
     kind, value = parse_target(config.target)
     target = base + value if kind == "rise" else value

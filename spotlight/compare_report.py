@@ -26,11 +26,16 @@ from spotlight.compare import BASELINES, CompareResult
 _PARTS = ("rollout", "exploration (critical path)", "training", "waiting for capacity", "lost to preemption")
 
 
+def _num(x: float, digits: int) -> str:
+    """``digits`` decimals, or 3 significant digits for a number too small to show them."""
+    return f"{x:.{digits}f}" if abs(x) >= 10 ** (2 - digits) or x == 0 else f"{x:.3g}"
+
+
 def _fmt(stats: dict[str, Any], digits: int) -> str:
     if "mean" not in stats:
         return f"not reached ({stats['reached']}/{stats['n']} seeds)"
-    half = "" if stats["half"] is None else f" ± {stats['half']:.{digits}f}"
-    return f"{stats['mean']:.{digits}f}{half}"
+    half = "" if stats["half"] is None else f" ± {_num(stats['half'], digits)}"
+    return f"{_num(stats['mean'], digits)}{half}"
 
 
 def _ratio(r: float | None) -> str:
