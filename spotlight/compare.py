@@ -329,6 +329,7 @@ def compare(config: CompareConfig, progress: bool = True) -> CompareResult:
     notes: list[str] = []
     if config.mode == "sim":
         timing, mean_spot = _simulate_all(config, merged, out / "sim", say)
+        notes += _same_trace(timing)
     elif config.trace is not None:
         _check_runtime_trace(config, merged)
 
@@ -435,6 +436,27 @@ def _simulate_all(config: CompareConfig, merged: dict[str, Recipe], out: Path,
         timing[s] = sim(s, s, False, config.reserved_gpus + extra)
         timing[s + ALONE] = sim(s + ALONE, s, False, config.reserved_gpus)
     return timing, mean_spot
+
+
+def trace_events(run: dict[str, Any], until: float) -> list[tuple[float, str, str]]:
+    """The trace's grants, notices and hard kills a timing run's injector applied up to ``until``."""
+    return [(e["t"], e["action"], e["node"]) for e in run["injector"]
+            if e["action"] in ("add", "notice", "hard_kill") and e["t"] <= until]
+
+
+def _same_trace(timing: dict[str, dict[str, Any]]) -> list[str]:
+    """A note saying whether every spot system met the same trace events (up to the shortest run)."""
+    spot = {s: t for s, t in timing.items() if t["spot"] and t["injector"]}
+    if len(spot) < 2:
+        return []
+    until = min(t["records"][-1]["sim_s"] for t in spot.values())
+    seen = {s: trace_events(t, until) for s, t in spot.items()}
+    first = next(iter(seen.values()))
+    if all(v == first for v in seen.values()):
+        return [f"the same {len(first)} trace events (grants, notices, kills) hit every spot system in the "
+                f"first {until / 3600:.2f} simulated h"]
+    counts = ", ".join(f"{s} {len(v)}" for s, v in seen.items())
+    return [f"the spot systems met different trace events: {counts}"]
 
 
 def _slug(name: str) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from spotlight.cli import main
-from spotlight.compare import ALONE, CompareConfig, compare
+from spotlight.compare import ALONE, CompareConfig, compare, trace_events
 from spotlight.errors import ConfigError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -70,10 +70,9 @@ def test_compare_end_to_end(tmp_path):
 
     # the same trace events hit both spot systems, up to the shorter run's end
     ends = min(t["records"][-1]["sim_s"] for t in result.timing.values())
-    seen = [[(e["t"], e["action"], e["node"]) for e in t["injector"]
-             if e["action"] in ("add", "notice", "hard_kill") and e["t"] <= ends]
-            for t in result.timing.values()]
+    seen = [trace_events(t, ends) for t in result.timing.values()]
     assert seen[0] == seen[1] and any(a != "add" for _, a, _ in seen[0]), "no preemption within the run"
+    assert any(n.startswith(f"the same {len(seen[0])} trace events") for n in result.notes)
 
     # the target is read from the eval records, hours and dollars from that iteration's sim record
     assert result.base == pytest.approx(json.loads((out / "base.json").read_text())["base"])
