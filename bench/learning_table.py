@@ -70,7 +70,7 @@ def compare_table(folder: Path, rises: list[float]) -> None:
     print(f"compare {folder}: task {cfg['task']}, base {base:.4f} (held-out ODE), seeds {cfg['seeds']}, "
           f"{cfg['iterations']} iterations, eval every {cfg['eval_every']}")
     heads = " | ".join(f"iterations to +{r:g} | vs random" for r in rises)
-    print(f"| seeds | systems | {heads} | final rise (mean, min..max) |")
+    print(f"| seed selection | systems | {heads} | final rise (mean, min..max) |")
     print("| --- | --- | " + " | ".join("--- | ---" for _ in rises) + " | --- |")
     random_means = next(([cell(its)[1] for its in per] for what, _, per, _ in rows if what == "random seeds"),
                         [None] * len(rises))

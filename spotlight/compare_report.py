@@ -144,7 +144,7 @@ def breakdown_plot(result: CompareResult) -> str:
         left = [a + b for a, b in zip(left, vals)]
     ax.set_xlabel(f"hours ({result.config.label})")
     ax.set_title(f"where the time went, to the target or the end — {result.config.label}")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.invert_yaxis()
     return _svg(fig)
 
