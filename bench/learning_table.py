@@ -32,7 +32,7 @@ def compare_table(folder: Path, rises: list[float]) -> None:
     from scipy.stats import t
 
     data = json.loads((folder / "compare.json").read_text())
-    base = data["base"]
+    bases = {int(k): v for k, v in data["bases"].items()}  # each seed's own base
     by_run: dict[tuple[str, ...], dict] = {}  # the seeds' run folders -> the systems learning in them
     for system, seeds in data["learning_runs"].items():
         key = tuple(seeds[s] for s in sorted(seeds, key=int))
@@ -46,15 +46,16 @@ def compare_table(folder: Path, rises: list[float]) -> None:
         per_rise = []
         for rise in rises:
             its = []
-            for run in runs:
+            for seed, run in zip(info["seeds"], runs):
                 evals = _evals(Path(run), data["config"]["iterations"])
-                hit = next((r["iteration"] for r in evals if r["eval_ode_heldout"] >= base + rise), None)
+                goal = bases[int(seed)] + rise
+                hit = next((r["iteration"] for r in evals if r["eval_ode_heldout"] >= goal), None)
                 its.append(hit)
             per_rise.append(its)
         finals = []
-        for run in runs:
+        for seed, run in zip(info["seeds"], runs):
             evals = _evals(Path(run), data["config"]["iterations"])
-            finals.append(evals[-1]["eval_ode_heldout"] - base)
+            finals.append(evals[-1]["eval_ode_heldout"] - bases[int(seed)])
         rows.append((what, info, per_rise, finals))
 
     def cell(its: list) -> tuple[str, float | None]:
@@ -67,7 +68,9 @@ def compare_table(folder: Path, rises: list[float]) -> None:
         return f"{m:.1f} ± {half:.1f}", m
 
     cfg = data["config"]
-    print(f"compare {folder}: task {cfg['task']}, base {base:.4f} (held-out ODE), seeds {cfg['seeds']}, "
+    base = ", ".join(f"{b:.4f}" for b in bases.values())
+    print(f"compare {folder}: task {cfg['task']}, base {base} (held-out ODE, per seed), "
+          f"seeds {cfg['seeds']}, "
           f"{cfg['iterations']} iterations, eval every {cfg['eval_every']}")
     heads = " | ".join(f"iterations to +{r:g} | vs random" for r in rises)
     print(f"| seed selection | systems | {heads} | final rise (mean, min..max) |")

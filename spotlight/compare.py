@@ -38,7 +38,9 @@ Time and cost per iteration come from ``mode``:
 Iterations to target = the first eval record whose ``eval_ode_heldout`` reaches the target, read
 from the records; hours and dollars to target = that iteration's cumulative simulated (or real)
 seconds and bill. Target: an absolute score, or ``+x`` over the base (the held-out score of the
-untrained base, evaluated first, before any RL; a base already at the target is a ConfigError).
+untrained base, evaluated first, before any RL, once per seed: the evaluation's seed sets derive
+from ``run.seed``, so each seed's runs are measured against their own base; a base already at an
+absolute target is a ConfigError).
 Over seeds: the mean and a 95% t-interval; a system that misses the target in any seed is reported
 as not reached (how many seeds reached it), never extrapolated.
 
@@ -244,10 +246,10 @@ class Reach:
 @dataclass(kw_only=True, slots=True)
 class CompareResult:
     config: CompareConfig
-    base: float
-    """The untrained base's held-out ODE score (evaluated before any RL)."""
-    target: float
-    """The absolute target score."""
+    bases: dict[int, float]
+    """Per seed, the untrained base's held-out ODE score (evaluated before any RL)."""
+    targets: dict[int, float]
+    """Per seed, the absolute target score."""
     rows: dict[str, list[Reach]]
     """Per reported system (the reserved-only ones twice): its seeds' runs."""
     shared: dict[str, list[str]]
@@ -258,6 +260,16 @@ class CompareResult:
     """sim: per reported system, its simulated run (records, account events, injector log)."""
     mean_spot_gpus: float | None = None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def base(self) -> float:
+        """The bases' mean over seeds."""
+        return statistics.fmean(self.bases.values())
+
+    @property
+    def target(self) -> float:
+        """The targets' mean over seeds."""
+        return statistics.fmean(self.targets.values())
 
     # --- summaries --------------------------------------------------------------------------------
     def stats(self, system: str, what: str) -> dict[str, Any]:
@@ -292,6 +304,7 @@ class CompareResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": dataclasses.asdict(self.config), "base": self.base, "target": self.target,
+                "bases": self.bases, "targets": self.targets,
                 "rows": {k: [dataclasses.asdict(r) for r in v] for k, v in self.rows.items()},
                 "shared": self.shared, "learning_runs": self.learning_runs, "timing": self.timing,
                 "mean_spot_gpus": self.mean_spot_gpus, "notes": self.notes,
@@ -333,14 +346,16 @@ def compare(config: CompareConfig, progress: bool = True) -> CompareResult:
     elif config.trace is not None:
         _check_runtime_trace(config, merged)
 
-    say(f"compare: the base of {config.task} (held-out ODE), before any RL")
-    base = _base_eval(learn[config.systems[0], config.seeds[0]], out / "base", learn_dir)
+    say(f"compare: the base of {config.task} (held-out ODE) at each seed, before any RL")
     kind, value = parse_target(config.target)
-    target = base + value if kind == "rise" else value
-    if base >= target:
-        raise ConfigError(f"compare.target {config.target}: the base already scores {base:.4f} "
-                          f">= {target:.4f} on the held-out prompts; nothing to reach")
-    (out / "base.json").write_text(json.dumps({"base": base, "target": target}) + "\n")
+    bases: dict[int, float] = {}
+    for seed in config.seeds:
+        bases[seed] = _base_eval(learn[config.systems[0], seed], out / "base", learn_dir)
+        if kind == "absolute" and bases[seed] >= value:
+            raise ConfigError(f"compare.target {config.target}: the base already scores {bases[seed]:.4f} "
+                              f">= {value:.4f} on the held-out prompts (seed {seed}); nothing to reach")
+    targets = {seed: b + value if kind == "rise" else value for seed, b in bases.items()}
+    (out / "base.json").write_text(json.dumps({"bases": bases, "targets": targets}) + "\n")
 
     # learning: one run per learning group and seed (runtime mode: one per system and seed)
     runs: dict[tuple[str, int], Path] = {}
@@ -369,12 +384,14 @@ def compare(config: CompareConfig, progress: bool = True) -> CompareResult:
     for s in config.systems:
         variants = [s] if is_spot(merged[s]) or config.mode == "runtime" else [s, s + ALONE]
         for v in variants:
-            rows[v] = [_reach(runs[s, seed], seed, target, timing.get(v), config) for seed in config.seeds]
+            rows[v] = [_reach(runs[s, seed], seed, targets[seed], timing.get(v), config)
+                       for seed in config.seeds]
     for (s, seed), p in runs.items():
         first = _evals(p)[0]["eval_ode_heldout"]
-        if abs(first - base) > 1e-6:
-            notes.append(f"{p.name}: its iteration-0 eval {first:.4f} differs from the base eval {base:.4f}")
-    result = CompareResult(config=config, base=base, target=target, rows=rows, shared=shared,
+        if abs(first - bases[seed]) > 1e-6:
+            notes.append(f"{p.name}: its iteration-0 eval {first:.4f} differs from the base eval "
+                         f"{bases[seed]:.4f}")
+    result = CompareResult(config=config, bases=bases, targets=targets, rows=rows, shared=shared,
                            learning_runs={s: {seed: str(runs[s, seed]) for seed in config.seeds}
                                           for s in config.systems},
                            timing=timing, mean_spot_gpus=mean_spot, notes=notes)
@@ -496,7 +513,6 @@ def _base_eval(recipe: Recipe, out: Path, learn_dir: Path) -> float:
 
     what = json.loads(learning_key(recipe))
     what.pop("explore")
-    what["run"].pop("seed")
     kept = learn_dir / f"base-{hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:8]}.json"
     if kept.is_file():
         return float(json.loads(kept.read_text())["eval_ode_heldout"])
@@ -507,9 +523,10 @@ def _base_eval(recipe: Recipe, out: Path, learn_dir: Path) -> float:
 
     torch.manual_seed(recipe.run.seed)
     model = work.recipe_model(recipe.model).to(resolve_device(recipe.run.device))
-    out.mkdir(parents=True, exist_ok=True)
-    rec = Evaluator(model, recipe, work.recipe_reward(recipe), out)(0, save_samples=True)
-    (out / "eval.json").write_text(json.dumps(rec) + "\n")
+    folder = out / f"seed{recipe.run.seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    rec = Evaluator(model, recipe, work.recipe_reward(recipe), folder)(0, save_samples=True)
+    (folder / "eval.json").write_text(json.dumps(rec) + "\n")
     learn_dir.mkdir(parents=True, exist_ok=True)
     kept.write_text(json.dumps(rec) + "\n")
     return float(rec["eval_ode_heldout"])

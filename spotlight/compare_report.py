@@ -47,8 +47,9 @@ def markdown_table(result: CompareResult) -> str:
     label = c.label
     n = len(c.seeds)
     lines = [
-        f"task `{c.task}`, base {result.base:.4f} (held-out ODE), target {result.target:.4f} "
-        f"({c.target}), {n} seed{'s' * (n > 1)} ({', '.join(map(str, c.seeds))}), {c.iterations} iterations, "
+        f"task `{c.task}`, base (held-out ODE) " + ", ".join(f"{b:.4f}" for b in result.bases.values())
+        + f", target ({c.target}) " + ", ".join(f"{t:.4f}" for t in result.targets.values())
+        + f" at seed{'s' * (n > 1)} {', '.join(map(str, c.seeds))}; {c.iterations} iterations, "
         f"eval every {c.eval_every}; seconds and dollars: **{label}**"
         + (f"; trace {c.trace} from {c.trace_start_s:g} s" if c.trace else "")
         + ("" if result.mean_spot_gpus is None else f"; mean spot GPUs under it {result.mean_spot_gpus:.1f}"),
@@ -107,7 +108,7 @@ def reward_plot(result: CompareResult, x: str) -> str:
         ys = [[r.curve[i]["score"] for r in runs] for i in range(evals)]
         ax.plot(xs, [sum(v) / len(v) for v in ys], marker="o", ms=3, label=system)
         ax.fill_between(xs, [min(v) for v in ys], [max(v) for v in ys], alpha=0.15)
-    ax.axhline(result.target, color="k", ls="--", lw=0.8, label=f"target {result.target:.3f}")
+    ax.axhline(result.target, color="k", ls="--", lw=0.8, label=f"target {result.target:.3f} (seeds' mean)")
     ax.set_xlabel(f"{'$' if x == 'dollars' else 'hours'} ({result.config.label})")
     ax.set_ylabel("held-out ODE score")
     ax.set_title(f"reward against {x} — {result.config.label}")

@@ -75,12 +75,14 @@ def test_compare_end_to_end(tmp_path):
     assert any(n.startswith(f"the same {len(seen[0])} trace events") for n in result.notes)
 
     # the target is read from the eval records, hours and dollars from that iteration's sim record
-    assert result.base == pytest.approx(json.loads((out / "base.json").read_text())["base"])
+    bases = json.loads((out / "base.json").read_text())["bases"]
+    assert {int(k): v for k, v in bases.items()} == result.bases
     for system, runs in result.rows.items():
         for reach in runs:
             folder = Path(result.learning_runs[system][reach.seed])
             evals = [r for r in _records(folder / "metrics.jsonl") if r["event"] == "eval"]
-            first = next((e for e in evals if e["eval_ode_heldout"] >= result.target), None)
+            assert evals[0]["eval_ode_heldout"] == pytest.approx(result.bases[reach.seed])
+            first = next((e for e in evals if e["eval_ode_heldout"] >= result.targets[reach.seed]), None)
             assert reach.iteration == (None if first is None else first["iteration"])
             assert [c["score"] for c in reach.curve] == [e["eval_ode_heldout"] for e in evals]
             sim = result.timing[system]["records"]
@@ -111,7 +113,7 @@ def test_learning_shared_by_equal_recipes(tmp_path):
     again = compare(_config(tmp_path, systems=("reserved_only", "spotlight_no_explore"), iterations=1,
                             out_dir=str(tmp_path / "cmp2"), learning_dir=str(tmp_path / "cmp" / "learning")),
                     progress=False)
-    assert metrics.stat().st_mtime_ns == stamp and again.base == result.base
+    assert metrics.stat().st_mtime_ns == stamp and again.bases == result.bases
 
 
 def test_unknown_system_is_one_line(tmp_path, capsys):
