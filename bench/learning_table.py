@@ -1,5 +1,10 @@
-# python bench/learning_table.py runs/tiny      (after `spotlight run tiny`)
+# python bench/learning_table.py runs/tiny    (after `spotlight run tiny`; or --compare runs/compare/ocr-aws)
 """How far did a run learn, evaluation by evaluation?
+
+``--compare DIR [RISE ...]``: the learning table of a `spotlight compare` output folder instead — one
+row per distinct learning run set (random seeds, best-of-N on the critical path, overlap with the
+planner; the systems that share it named), iterations to each rise over the base (default +0.10 and
++0.15; read from the eval records), mean and 95% t-interval over seeds, ratio to random seeds.
 
 The learning table of a run, from its metrics.jsonl: every evaluation's ODE reward on held-out
 prompts (the headline, mean ± spread over the evaluation seed sets) and its rise over the base, ODE
@@ -14,7 +19,77 @@ import sys
 from pathlib import Path
 
 
+def _evals(run: Path, budget: int) -> list[dict]:
+    """A run's eval records up to the comparison's budget (a longer run serves a shorter one)."""
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r for r in records if r["event"] == "eval" and r["iteration"] <= budget]
+
+
+def compare_table(folder: Path, rises: list[float]) -> None:
+    """Iterations to each rise per learning setting of a compare output folder (module docstring)."""
+    import statistics
+
+    from scipy.stats import t
+
+    data = json.loads((folder / "compare.json").read_text())
+    bases = {int(k): v for k, v in data["bases"].items()}  # each seed's own base
+    by_run: dict[tuple[str, ...], dict] = {}  # the seeds' run folders -> the systems learning in them
+    for system, seeds in data["learning_runs"].items():
+        key = tuple(seeds[s] for s in sorted(seeds, key=int))
+        by_run.setdefault(key, {"systems": [], "seeds": sorted(seeds, key=int)})["systems"].append(system)
+    rows = []
+    for runs, info in by_run.items():
+        recipe = json.loads((Path(runs[0]) / "recipe.json").read_text())
+        e = recipe["explore"]
+        what = {"off": "random seeds", "critical": f"best-of-{e['candidates']} (critical path)",
+                "overlap": "overlap" + (" + UCB planner" if e.get("planner") else "")}[e["schedule"]]
+        per_rise = []
+        for rise in rises:
+            its = []
+            for seed, run in zip(info["seeds"], runs):
+                evals = _evals(Path(run), data["config"]["iterations"])
+                goal = bases[int(seed)] + rise
+                hit = next((r["iteration"] for r in evals if r["eval_ode_heldout"] >= goal), None)
+                its.append(hit)
+            per_rise.append(its)
+        finals = []
+        for seed, run in zip(info["seeds"], runs):
+            evals = _evals(Path(run), data["config"]["iterations"])
+            finals.append(evals[-1]["eval_ode_heldout"] - bases[int(seed)])
+        rows.append((what, info, per_rise, finals))
+
+    def cell(its: list) -> tuple[str, float | None]:
+        if any(i is None for i in its):
+            return f"not reached ({sum(i is not None for i in its)}/{len(its)})", None
+        m = statistics.fmean(its)
+        if len(its) < 2:
+            return f"{m:.0f}", m
+        half = t.ppf(0.975, len(its) - 1) * statistics.stdev(its) / len(its) ** 0.5
+        return f"{m:.1f} ± {half:.1f}", m
+
+    cfg = data["config"]
+    base = ", ".join(f"{b:.4f}" for b in bases.values())
+    print(f"compare {folder}: task {cfg['task']}, base {base} (held-out ODE, per seed), "
+          f"seeds {cfg['seeds']}, "
+          f"{cfg['iterations']} iterations, eval every {cfg['eval_every']}")
+    heads = " | ".join(f"iterations to +{r:g} | vs random" for r in rises)
+    print(f"| seed selection | systems | {heads} | final rise (mean, min..max) |")
+    print("| --- | --- | " + " | ".join("--- | ---" for _ in rises) + " | --- |")
+    random_means = next(([cell(its)[1] for its in per] for what, _, per, _ in rows if what == "random seeds"),
+                        [None] * len(rises))
+    for what, info, per, finals in rows:
+        cells = []
+        for its, ref in zip(per, random_means):
+            text, m = cell(its)
+            cells += [text, "—" if m is None or ref is None else f"{ref / m:.2f}x"]
+        print(f"| {what} | {', '.join(info['systems'])} | " + " | ".join(cells)
+              + f" | {statistics.fmean(finals):+.3f} ({min(finals):+.3f}..{max(finals):+.3f}) |")
+
+
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--compare":
+        compare_table(Path(sys.argv[2]), [float(x) for x in sys.argv[3:]] or [0.10, 0.15])
+        return
     run = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/tiny")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     evals = [r for r in records if r["event"] == "eval"]

@@ -10,6 +10,7 @@
     spotlight agent --controller tcp://HOST:5555 --workers 2   # a spot node (launch/spot.sh)
     spotlight status --controller tcp://HOST:5555 --keys keys --watch   # the fleet, live
     spotlight report runs/tiny               # runs/tiny/report.html, one self-contained page
+    spotlight compare --task ocr --seeds 0,1,2 --trace ../shared/traces/aws.csv   # cost to target
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from spotlight.errors import SpotlightError
+from spotlight.errors import ConfigError, SpotlightError
 from spotlight.signals import sigterm_as_interrupt
 
 
@@ -191,6 +192,39 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=_report)
 
     from spotlight.actors.node.service import build_parser as agent_parser
+    from spotlight.compare import MODES, SYSTEMS, CompareConfig
+
+    cmp = sub.add_parser(
+        "compare", help="systems on one task, base, seeds, trace and prices: cost and hours to a target",
+        description="Reserved-only, naive spot and Spotlight (spotlight/recipes: " + ", ".join(SYSTEMS)
+        + ") on the same task: iterations, hours and dollars to a held-out score (spotlight.compare). "
+        "Overrides (section.field=value) apply to every system's recipe.")
+    defaults = CompareConfig()
+    cmp.add_argument("--task", default=defaults.task, help="task recipe: base, reward, prompts (default ocr)")
+    cmp.add_argument("--systems", default=",".join(defaults.systems), help="comma-separated system names")
+    cmp.add_argument("--seeds", default=",".join(map(str, defaults.seeds)), help="comma-separated run seeds")
+    cmp.add_argument("--mode", default=defaults.mode, choices=MODES,
+                     help="seconds and dollars from the simulated cluster or the real runtime here")
+    cmp.add_argument("--target", default=defaults.target, help="held-out score, or +rise over the base")
+    cmp.add_argument("--iterations", type=int, default=defaults.iterations)
+    cmp.add_argument("--eval-every", type=int, default=defaults.eval_every)
+    cmp.add_argument("--trace", default=None, help='spot trace file or "synthetic" (default: a fixed pool)')
+    cmp.add_argument("--trace-start", type=float, default=defaults.trace_start_s,
+                     help="trace second to start at")
+    for name in ("profile", "gpu"):
+        cmp.add_argument(f"--{name}", default=getattr(defaults, name), help=f"sim: {name}")
+    for name in ("trainer_gpus", "reserved_gpus", "gpus_per_node", "fixed_spot_gpus"):
+        cmp.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name),
+                         help=f"sim: {name.replace('_', ' ')}")
+    cmp.add_argument("--node-factor", type=float, default=defaults.node_factor,
+                     help="sim: spot nodes per trace node")
+    cmp.add_argument("--cluster", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                     help="an override of the timing runs only (repeatable)")
+    cmp.add_argument("--out", default=defaults.out_dir)
+    cmp.add_argument("--learning-dir", default=None,
+                     help="folder of the learning runs (default OUT/learning); finished runs are reused")
+    cmp.add_argument("overrides", nargs="*", help="section.field=value for every system")
+    cmp.set_defaults(func=_compare)
 
     agent = sub.add_parser(
         "agent",
@@ -342,6 +376,25 @@ def _report(args) -> int:
     from spotlight.run_report import write_report
 
     print(write_report(args.run_dir, args.out))
+    return 0
+
+
+def _compare(args) -> int:
+    from spotlight.compare import CompareConfig, compare
+
+    try:
+        seeds = tuple(int(x) for x in args.seeds.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--seeds must be comma-separated whole numbers, got {args.seeds!r}") from None
+    config = CompareConfig(
+        task=args.task, systems=tuple(x.strip() for x in args.systems.split(",") if x.strip()), seeds=seeds,
+        mode=args.mode, target=args.target, iterations=args.iterations, eval_every=args.eval_every,
+        trace=args.trace, trace_start_s=args.trace_start, profile=args.profile, gpu=args.gpu,
+        trainer_gpus=args.trainer_gpus, reserved_gpus=args.reserved_gpus, gpus_per_node=args.gpus_per_node,
+        fixed_spot_gpus=args.fixed_spot_gpus, node_factor=args.node_factor, overrides=tuple(args.overrides),
+        cluster=tuple(args.cluster), out_dir=args.out, learning_dir=args.learning_dir)
+    compare(config)
+    print(f"wrote {Path(args.out) / 'compare.md'} and {Path(args.out) / 'compare.html'}")
     return 0
 
 

@@ -183,6 +183,29 @@ def load_recipe(source: str | Path | dict | None = None, overrides: list[str] | 
         raise ConfigError(f"{where}: {e}") from None
 
 
+def recipe_tables(source: str | Path, *, own: bool = False) -> dict[str, Any]:
+    """A recipe file's (or built-in name's) tables, unvalidated: with its ``extends`` chain merged
+    in, or with ``own`` only the tables the file itself states (``extends`` dropped), which is how
+    a baseline recipe is laid over another task (``spotlight.compare``)."""
+    path = _find(source)
+    if not own:
+        return _read(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    data.pop("extends", None)
+    return data
+
+
+def merge_tables(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over``'s fields over ``base``'s, section by section (a new dict; the inputs are unchanged)."""
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for name, values in over.items():
+        merged[name] = {**merged.get(name, {}), **values} if isinstance(values, dict) else values
+    return merged
+
+
 def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A recipe file's tables; ``extends = "tiny"`` (a built-in name or a path) at its top takes
     that recipe's tables first and this file's fields over them, section by section, so a
@@ -199,10 +222,7 @@ def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     base_path = _find(base if Path(base).is_absolute() or base in _builtin() else path.parent / base)
     if base_path in (*seen, path):
         raise ConfigError(f"{path}: extends {base!r} makes a cycle")
-    merged = _read(base_path, (*seen, path))
-    for name, values in data.items():
-        merged[name] = {**merged.get(name, {}), **values} if isinstance(values, dict) else values
-    return merged
+    return merge_tables(_read(base_path, (*seen, path)), data)
 
 
 def _builtin() -> list[str]:

@@ -34,7 +34,8 @@ runtime's: the machine's start-up (cold workers, the trainer's model) never eats
 A spot agent's exit, of any status, is a node leaving, never the run's failure. The trace is
 read (or drawn) before anything starts: a bad one is one ``ConfigError`` line. ``account``
 (``SpotAccount``) counts GPU-seconds and dollars per node class from the controller's join, leave
-and lost events, preemptions, and, from the workers' step log (``<logs>/steps.log``), requests
+and lost events (and the trainer's reserved GPU, from the start to the end), preemptions, and, from
+the workers' step log (``<logs>/steps.log``), requests
 resumed or re-run and steps lost; ``metrics_hook`` puts those on every iteration's metrics record.
 Every weights version a worker loads (from the store, a neighbour or a kept copy) is a line of
 ``<logs>/weights.log`` (``spotlight.actors.worker.peers.read_weights_log``).
@@ -153,6 +154,8 @@ class LocalRuntime:
                         for n in ("queue", "store"))
         core = ControllerCore(self.recipe, self._advertised(queue), self._advertised(store))
         core.on_event = self.account.on_event
+        # the trainer's device is a reserved GPU for the whole run, as the simulator bills its pool
+        self.account.on_event("join", "trainer", {"kind": "reserved", "workers": 1})
         core.cost = self.account.snapshot
         bind = self._bind("controller", self.serve.port)
         bg = BackgroundLoop(lambda: Controller(core, bind=bind, queue=queue, store=store, curve=curve,

@@ -12,7 +12,13 @@ trace replayed by the ``FaultInjector`` on the virtual clock, or a fixed pool of
 
 It writes what a runtime run writes, in ``<out_dir>/<name>/``: ``metrics.jsonl`` (one record per
 iteration with the spot fields — spot nodes, preemptions, requests resumed, steps lost, GPU-seconds
-and dollars per node class — and the phase times in simulated seconds) and ``spot.png``; every
+and dollars per node class — and the phase times in simulated seconds, with what of the
+exploration and rollout phases went to waiting for capacity (``wait_capacity_s``: no rollout node
+registered) and to preemptions (``preempt_lost_gpu_s``: GPU-seconds of denoising steps computed in
+vain and of broken SP groups' idle or reloading survivors; ``preempt_lost_s``: those over the mean
+rollout GPUs registered in the phase)) and ``spot.png``. The bill covers every role: the trainer
+pool and the reserved rollout GPUs from time 0, each spot node from the trace's grant (its boot
+billed; one taken away while booting too) to its leave. Every
 record carries ``"mode": "sim"`` and the plot is titled ``sim``. Learning is not simulated: there
 are no tensors, so no rewards; a record has no ``reward_mean``, and the planner's payoff is the
 expected spread of the seeds an arm would select from i.i.d. normal rewards
@@ -84,6 +90,7 @@ class SimRun:
         tf = recipe.grpo.timestep_fraction
         self.train_timesteps = sim.train_timesteps or max(1, round(recipe.sampler.steps * tf))
         self._spread: dict[int, float] = {}
+        self._lost_before = 0.0
 
     # --- the cluster at time 0 --------------------------------------------------------------------
     def _start(self) -> None:
@@ -98,8 +105,9 @@ class SimRun:
             for i in range(math.ceil(gpus / self.gpus_per_node)):
                 c.add_node(f"spot{i}", gpus=min(self.gpus_per_node, gpus - i * self.gpus_per_node), warm=True)
             return
+        target = c if self.recipe.sim.gpus_per_instance is not None else _Granting(c, self.account)
         self.injector = FaultInjector(
-            c, self.replay.events(), warning_s=self.replay.scale_s(sp.warning_s),
+            target, self.replay.events(), warning_s=self.replay.scale_s(sp.warning_s),
             hard_kill_fraction=sp.hard_kill_fraction, cloud=sp.cloud, seed=sp.seed,
             expect=self.account.expect, clock=self.clock, call_later=self.clock.call_later)
         self.injector.play_initial()
@@ -229,6 +237,9 @@ class SimRun:
             self.planner.observe_window(max(t4 - t3, 1e-6))
         present = present1 - present0
         q = c.queue.counters
+        lost = self._lost_gpu_s()
+        no_capacity_s, capacity_gpu_s = self._capacity(t0, t2)
+        lost_gpu_s, self._lost_before = lost - self._lost_before, lost
         record = {
             "event": "iteration", "mode": "sim", "iteration": it, "version": self.version - 1,
             "schedule": e.schedule, "explore_s": (t1 - t0) + (t3 - t2), "rollout_s": t2 - t1,
@@ -236,12 +247,47 @@ class SimRun:
             "rollout_samples": samples, "rollout_samples_per_s": samples / max(t2 - t1, 1e-9),
             "spot_gpus": sum(n.gpus for n in c.nodes.values() if n.kind == "spot" and n.state != "gone"),
             "spot_idle_training": None if present <= 0 else round(1 - (busy1 - busy0) / present, 4),
+            "wait_capacity_s": round(no_capacity_s, 3),
+            "preempt_lost_gpu_s": round(lost_gpu_s, 3),
+            "preempt_lost_s": round(min(lost_gpu_s / max(capacity_gpu_s / max(t2 - t0, 1e-9), 1.0),
+                                        max(t2 - t0 - no_capacity_s, 0.0)), 3),
             **explore,
             **{f"queue_{k}": q[k] for k in ("expired", "released", "dead", "late_results_dropped",
                                             "node_lost_requeued", "cancelled")},
             **self._step_totals(),
         }
         return record, nxt
+
+    def _lost_gpu_s(self) -> float:
+        """GPU-seconds lost to preemptions so far: denoising steps computed in vain (each at the
+        price of a step of one request) and the idle or reloading survivors of broken SP groups."""
+        rt, r = self.recipe.runtime, self.recipe.run
+        per = self.recipe.sim.samples_per_request or r.group_size
+        steps = sum(x.lost for x in self.cluster.steps_log.values())
+        return steps * self.timing.step_s(per, rt.sp_degree) * rt.sp_degree + self.cluster.lost_gpu_s
+
+    def _capacity(self, a: float, b: float) -> tuple[float, float]:
+        """Over simulated [a, b]: seconds with no rollout node registered (waiting for capacity)
+        and the rollout GPU-seconds registered, from the cost account's join/leave events."""
+        present: dict[str, int] = {}
+        gpus = {n.node_id: n.gpus for n in self.cluster.nodes.values()}
+        t, none_s, gpu_s = a, 0.0, 0.0
+        for ev in [*self.account.events, {"t": b, "event": "end", "node": ""}]:
+            if ev["t"] > a:
+                span = min(ev["t"], b) - t
+                if span > 0:
+                    none_s += span * (not present)
+                    gpu_s += span * sum(present.values())
+                    t = min(ev["t"], b)
+            if ev["t"] >= b:
+                break
+            if ev["node"] == "trainer":
+                continue
+            if ev["event"] == "join":
+                present[ev["node"]] = gpus.get(ev["node"], self.gpus_per_node)
+            else:
+                present.pop(ev["node"], None)
+        return none_s, gpu_s
 
     def _step_totals(self) -> dict[str, int]:
         r = self.cluster.steps_log.values()
@@ -298,6 +344,27 @@ class SimRun:
             "reconfigurations": len(self.cluster.reconfig_s), "reconfig_s": self.cluster.reconfig_s,
             "survivor_s": self.cluster.survivor_s, "gpu_s_lost_reconfig": round(self.cluster.lost_gpu_s, 3),
         }
+
+
+class _Granting:
+    """The fault injector's ``Nodes`` target: the cluster, telling the cost account when each spot
+    node is granted (so its boot is billed), not only when its agent registers."""
+
+    def __init__(self, cluster: SimCluster, account: SpotAccount) -> None:
+        self.cluster, self.account = cluster, account
+
+    def add_node(self, node_id: str, **kw: Any) -> None:
+        self.account.granted(node_id, self.cluster.gpus_per_node)
+        self.cluster.add_node(node_id, **kw)
+
+    def signal_node(self, node_id: str, sig: int) -> bool:
+        return self.cluster.signal_node(node_id, sig)
+
+    def node_alive(self, node_id: str) -> bool:
+        return self.cluster.node_alive(node_id)
+
+    def spot_pids(self) -> dict[str, list[int]]:
+        return self.cluster.spot_pids()
 
 
 def simulate(recipe: Recipe, hooks: list[Callable[[dict], None]] | None = None) -> dict[str, Any]:

@@ -10,7 +10,10 @@ preemptions cost, read from the workers' step log.
   (``ControllerCore.on_event``); the fault injector marks the nodes it takes away (``expect``), so
   their leave counts as a preemption, as does a node declared lost. ``snapshot()`` is what every
   iteration's metrics record carries: spot nodes alive, preemptions so far, requests resumed and
-  re-run from scratch, steps lost, GPU-seconds and dollars per node class.
+  re-run from scratch, steps lost, GPU-seconds and dollars per node class. A caller that knows
+  when the cloud granted a node (the simulator, whose nodes boot for minutes before their agent
+  registers) says so with ``granted``: the node is billed from then, and one taken away before it
+  registered is billed for its boot.
 
 Thread-safe: events arrive on the controller's loop thread, snapshots are taken on the trainer's.
 Knows nothing of processes or traces.
@@ -105,14 +108,30 @@ class SpotAccount:
         self.steps = StepLog(step_log) if step_log is not None else None
         self._lock = threading.Lock()
         self._expected: set[str] = set()  # nodes the injector is taking away
+        self._granted: dict[str, tuple[float, int]] = {}  # node -> (grant time, GPUs) until it joins
         self.lost_nodes = 0
         self.events: list[dict[str, Any]] = []
         """(elapsed_s, event, node, kind) of every join and leave: the capacity-over-time plot."""
 
-    def expect(self, node_id: str) -> None:
-        """The injector is taking ``node_id`` away: its leave is a preemption."""
+    def granted(self, node_id: str, gpus: int) -> None:
+        """The cloud granted spot node ``node_id`` of ``gpus`` GPUs now; it is billed from now,
+        though its agent registers (``on_event("join")``) only once it has booted."""
         with self._lock:
-            self._expected.add(node_id)
+            self._granted[node_id] = (self.meter.clock(), gpus)
+
+    def expect(self, node_id: str) -> None:
+        """The injector is taking ``node_id`` away: its leave is a preemption (one still booting,
+        never registered, is billed from its grant to now and counted as preempted here)."""
+        with self._lock:
+            boot = self._granted.pop(node_id, None)
+            if boot is None:
+                self._expected.add(node_id)
+                return
+            self.meter.join(node_id, node_class="spot", gpus=boot[1], since=boot[0])
+            self.meter.leave(node_id, preempted=True)
+            self.events.append({"t": round(self.meter.clock() - self.meter.started_s, 3), "event": "leave",
+                                "node": node_id, "kind": "spot", "reason": "preempted while booting",
+                                "preempted": True})
 
     def on_event(self, event: str, node_id: str, node: dict[str, Any]) -> None:
         """``ControllerCore.on_event``: a node joined, left, or was declared lost."""
@@ -120,7 +139,9 @@ class SpotAccount:
             t = self.meter.clock() - self.meter.started_s
             preempted = False
             if event == "join":
-                self.meter.join(node_id, node_class=node["kind"], gpus=int(node["workers"]))
+                boot = self._granted.pop(node_id, None)
+                self.meter.join(node_id, node_class=node["kind"], gpus=int(node["workers"]),
+                                since=None if boot is None else boot[0])
             else:
                 preempted = event == "lost" or node_id in self._expected
                 self._expected.discard(node_id)

@@ -88,8 +88,10 @@ class CostMeter:
         self.steps_lost = 0
 
     # --- events from the runtime ----------------------------------------------------------------
-    def join(self, node: str, *, node_class: str, gpus: int) -> None:
-        """``node`` (of ``gpus`` GPUs) starts accruing now; a node that left may join again."""
+    def join(self, node: str, *, node_class: str, gpus: int, since: float | None = None) -> None:
+        """``node`` (of ``gpus`` GPUs) starts accruing now, or from ``since`` (a clock reading not
+        before the meter's start: when the cloud granted it, its boot billed); a node that left
+        may join again."""
         if node_class not in NODE_CLASSES:
             raise ValueError(f"node class must be one of {', '.join(NODE_CLASSES)}, got {node_class!r}")
         if not (isinstance(gpus, int) and gpus >= 1):
@@ -99,7 +101,9 @@ class CostMeter:
             raise ProtocolError(f"node {node!r} joins again while present (joined at "
                                 f"{p.joined_s - self.started_s:.3f} s as {p.node_class}); "
                                 "expected a leave first")
-        self._present[node] = _Present(node_class, gpus, self.clock())
+        now = self.clock()
+        start = now if since is None else min(max(since, self.started_s), now)
+        self._present[node] = _Present(node_class, gpus, start)
         self._left.pop(node, None)
 
     def leave(self, node: str, *, preempted: bool) -> None:

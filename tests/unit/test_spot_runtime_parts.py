@@ -157,15 +157,37 @@ def test_account_prices_real_joins_and_counts_preemptions(tmp_path):
     assert [e["event"] for e in acct.events] == ["join", "join", "leave", "join", "lost"]
 
 
+def test_account_bills_a_granted_node_from_its_grant(tmp_path):
+    """A node the cloud granted is billed from the grant (its boot), not from its agent's join;
+    one taken away while booting is billed for the boot and counted as preempted."""
+    clock = FakeClock(0.0)
+    acct = SpotAccount(CostConfig(reserved_usd_per_gpu_hour=1.0, spot_usd_per_gpu_hour=0.5),
+                       tmp_path / "none.log", clock=clock)
+    clock.t = 10.0
+    acct.granted("spot0.1", 8)
+    acct.granted("spot1.1", 8)
+    clock.t = 190.0  # spot0.1 registers after a 180 s boot
+    acct.on_event("join", "spot0.1", {"kind": "spot", "workers": 8})
+    acct.expect("spot1.1")  # still booting: billed 10 -> 190, a preemption, no join ever
+    clock.t = 290.0
+    snap = acct.snapshot()
+    assert snap["gpu_s_spot"] == pytest.approx(8 * 280 + 8 * 180)
+    assert snap["preemptions"] == 1 and snap["spot_nodes"] == 1
+    acct.on_event("leave", "spot0.1", {"kind": "spot", "workers": 8})  # not expected: no preemption
+    assert acct.snapshot()["preemptions"] == 1
+
+
 # --- baselines are recipes ----------------------------------------------------------------------------
 def test_baselines_switch_options_of_the_one_recipe(tmp_path):
     tiny, reserved, naive = (load_recipe(n).to_dict() for n in ("tiny", "reserved_only", "naive_spot"))
     changed = {s: {k for k in tiny[s] if tiny[s][k] != reserved[s][k]} for s in tiny}
-    assert {s: v for s, v in changed.items() if v} == {"run": {"name"},
-                                                       "runtime": {"spot_workers", "reserved_workers"}}
+    assert {s: v for s, v in changed.items() if v} == {
+        "run": {"name"}, "runtime": {"spot_workers", "reserved_workers"},
+        "spot": {"reserved_usd_per_gpu_hour", "spot_usd_per_gpu_hour"}}  # H100 list prices
     assert reserved["runtime"]["spot_workers"] == 0 and reserved["spot"]["trace"] is None
     changed = {s: {k for k in tiny[s] if tiny[s][k] != naive[s][k]} for s in tiny}
-    assert changed["runtime"] == {"step_commits", "sp_regroup"} and naive["runtime"]["step_commits"] is False
+    assert changed["runtime"] == {"step_commits", "sp_regroup", "peer_weights"}
+    assert naive["runtime"]["step_commits"] is False and naive["runtime"]["peer_weights"] is False
     assert naive["runtime"]["sp_regroup"] is False
     assert naive["explore"]["schedule"] == "critical"
     mine = tmp_path / "mine.toml"  # a user's recipe may extend a built-in one, and be overridden
