@@ -14,6 +14,7 @@ import signal
 import pytest
 import torch
 from polling import wait_for
+from trajectory import same_as_reference
 
 from spotlight.actors.procs import alive, descendants
 from spotlight.actors.runtime import LocalRuntime
@@ -59,13 +60,6 @@ def runtime(request, tmp_path_factory, tiny_pipeline_dir):
     assert not (out / "text").exists()  # no worker encoded a prompt (it would have cached it)
 
 
-def _check(rt, result):
-    traj, _ = rt.call(rt.store.get(result.key))
-    assert torch.equal(torch.from_numpy(traj["latents"].copy()), torch.stack(rt.reference.latents))
-    assert torch.equal(torch.from_numpy(traj["log_probs"].copy()), torch.stack(rt.reference.log_probs))
-    return traj
-
-
 def test_pipeline_rollout_killed_mid_request_resumes_bit_identical(runtime):
     rt = runtime
     job = m.RolloutWork(prompt=PROMPT, seeds=SEEDS, version=0)
@@ -78,7 +72,7 @@ def test_pipeline_rollout_killed_mid_request_resumes_bit_identical(runtime):
     done = rt.call(rt.queue.wait_batch("7", 90), timeout=120)
     (result,) = done.results
     assert done.dead == [] and result.resumed_from >= 1  # from a commit on latents, not from step 0
-    traj = _check(rt, result)
+    traj, _ = same_as_reference(rt, result)
     # the trainer's update on the group the runtime returned: log-probs recomputed exactly
     from spotlight.policy.grpo import GRPOTrainer
     from spotlight.work import group

@@ -14,6 +14,7 @@ import signal
 import pytest
 import torch
 from polling import wait_for
+from trajectory import same_as_reference
 
 from spotlight.actors.procs import alive, descendants
 from spotlight.actors.runtime import LocalRuntime
@@ -55,19 +56,12 @@ def runtime(tmp_path_factory, tiny_pipeline_dir):
     assert [p for p in pids if alive(p)] == []
 
 
-def _same(rt, result) -> dict:
-    traj, meta = rt.call(rt.store.get(result.key))
-    assert torch.equal(torch.from_numpy(traj["latents"].copy()), torch.stack(rt.reference.latents))
-    assert torch.equal(torch.from_numpy(traj["log_probs"].copy()), torch.stack(rt.reference.log_probs))
-    return meta
-
-
 def test_a_pipeline_request_on_an_sp_group_is_bit_identical(runtime):
     rt = runtime
     job = m.RolloutWork(prompt=PROMPT, seeds=SEEDS, version=0)
     rt.call(rt.queue.submit([m.WorkRequest(request_id="sp/0", batch="sp", work=job)]))
     (result,) = rt.call(rt.queue.wait_batch("sp", 120), timeout=150).results
-    meta = _same(rt, result)
+    _, meta = same_as_reference(rt, result)
     assert result.resumed_from == 0 and len(meta["group"]) == 2  # two ranks ran it together
 
 
@@ -87,5 +81,5 @@ def test_a_killed_member_regroups_and_the_pipeline_request_resumes_bit_identical
     done = rt.call(rt.queue.wait_batch("kill", 120), timeout=150)
     (result,) = done.results
     assert done.dead == [] and result.resumed_from >= 1  # from a commit on latents, not from step 0
-    meta = _same(rt, result)
+    _, meta = same_as_reference(rt, result)
     assert victim not in meta["group"]
