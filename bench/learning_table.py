@@ -30,7 +30,7 @@ def compare_table(folder: Path, rises: list[float]) -> None:
     """Iterations to each rise per learning setting of a compare output folder (module docstring)."""
     import statistics
 
-    from scipy.stats import t
+    from spotlight.compare import mean_interval
 
     data = json.loads((folder / "compare.json").read_text())
     bases = {int(k): v for k, v in data["bases"].items()}  # each seed's own base
@@ -62,10 +62,9 @@ def compare_table(folder: Path, rises: list[float]) -> None:
     def cell(its: list) -> tuple[str, float | None]:
         if any(i is None for i in its):
             return f"not reached ({sum(i is not None for i in its)}/{len(its)})", None
-        m = statistics.fmean(its)
-        if len(its) < 2:
+        m, half = mean_interval(its)
+        if half is None:
             return f"{m:.0f}", m
-        half = t.ppf(0.975, len(its) - 1) * statistics.stdev(its) / len(its) ** 0.5
         return f"{m:.1f} ± {half:.1f}", m
 
     cfg = data["config"]

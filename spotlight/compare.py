@@ -161,6 +161,17 @@ def parse_target(text: str) -> tuple[str, float]:
     return ("rise" if s.startswith("+") else "absolute"), value
 
 
+def mean_interval(values: list[float]) -> tuple[float, float | None]:
+    """The mean of ``values`` (at least one) and the half-width of its 95% t-interval (None for
+    a single value)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, None
+    from scipy.stats import t
+
+    return mean, float(t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+
+
 # --- recipes ------------------------------------------------------------------------------------
 def system_tables(config: CompareConfig, system: str) -> dict[str, Any]:
     """The task recipe with the system's own tables over it (no run name: set per run)."""
@@ -280,12 +291,7 @@ class CompareResult:
         out: dict[str, Any] = {"n": len(vals), "reached": len(reached)}
         if len(reached) < len(vals) or not vals:
             return out
-        mean = statistics.fmean(reached)
-        half = None
-        if len(reached) > 1:
-            from scipy.stats import t
-
-            half = float(t.ppf(0.975, len(reached) - 1)) * statistics.stdev(reached) / math.sqrt(len(reached))
+        mean, half = mean_interval(reached)
         return {**out, "mean": mean, "half": half}
 
     def ratio(self, system: str, baseline: str, what: str) -> float | None:
