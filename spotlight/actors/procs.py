@@ -31,13 +31,20 @@ DIE_WITH_PARENT_ENV = "SPOTLIGHT_DIE_WITH_PARENT"
 # --- child side -----------------------------------------------------------------------------------
 def die_with_parent(only_if_asked: bool = False) -> None:
     """Linux: SIGKILL this process when its parent dies, so a killed agent leaves no worker.
-    ``only_if_asked``: only when the parent set ``DIE_WITH_PARENT_ENV`` (a supervised child)."""
-    if only_if_asked and not os.environ.get(DIE_WITH_PARENT_ENV):
+    ``only_if_asked``: only when the parent set ``DIE_WITH_PARENT_ENV`` (a supervised child).
+    A parent that died before this call (a node SIGKILLed while its workers still import) is
+    caught too: when ``DIE_WITH_PARENT_ENV`` names a pid that is no longer this process's parent,
+    this process SIGKILLs itself here instead of living on as an orphan."""
+    parent = os.environ.get(DIE_WITH_PARENT_ENV)
+    if only_if_asked and not parent:
         return
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+    # after the prctl: a parent dying from here on fires it; one already gone left us reparented
+    if parent and parent.isdigit() and os.getppid() != int(parent):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def announce_ready(line: str) -> None:

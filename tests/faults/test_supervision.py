@@ -1,7 +1,8 @@
 """Supervised actors: a LocalRuntime run whose queue or tensor store is SIGKILLed mid-run stops
 within seconds with one line naming the actor and its exit status (not after a timeout), and a
 child that writes a lot of output neither blocks nor loses it (its log grows past a pipe's 64 KiB
-while it still answers)."""
+while it still answers). A child whose parent died before it asked to die with it (a worker still
+importing when its node is SIGKILLed) kills itself instead of living on as an orphan."""
 
 from __future__ import annotations
 
@@ -93,3 +94,47 @@ async def test_a_chatty_child_neither_blocks_nor_loses_output(tmp_path):
     finally:
         await asyncio.to_thread(procs.stop, [child], 10.0)
     assert child.exited.result() == 0  # SIGTERM: a clean exit
+
+
+# A supervisor that adopts orphans (PR_SET_CHILD_SUBREAPER) starts a parent that starts a child.
+# "gone": the parent exits at once and the child calls die_with_parent only after that (a worker
+# still importing torch when its node is SIGKILLed); "right": the parent waits for the child. The
+# child prints "alive" if it gets past die_with_parent.
+ORPHAN = r"""
+import ctypes, os, signal, subprocess, sys
+ctypes.CDLL("libc.so.6").prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: an orphan is reparented to us
+mode = sys.argv[1]
+child = ("import os, sys; r, w = int(sys.argv[1]), int(sys.argv[2]); os.close(w); os.read(r, 1); "
+         "from spotlight.actors.procs import die_with_parent; die_with_parent(); print('alive', flush=True)")
+parent = ("import os, subprocess, sys; r, w, o = (int(a) for a in sys.argv[1:4]); "
+          "env = dict(os.environ, SPOTLIGHT_DIE_WITH_PARENT=str(os.getpid())); "
+          "p = subprocess.Popen([sys.executable, '-c', sys.argv[5], str(r), str(w)], pass_fds=(r, w), "
+          "env=env, stdout=o, stderr=o); print(p.pid, flush=True); "
+          "sys.exit(0 if sys.argv[4] == 'gone' else p.wait())")
+r, w = os.pipe()
+out = os.dup(1)  # the child's output: ours, not the pipe we read the parent's from
+proc = subprocess.Popen([sys.executable, "-c", parent, str(r), str(w), str(out), mode, child],
+                        pass_fds=(r, w, out), stdout=subprocess.PIPE, text=True)
+grandchild = int(proc.stdout.readline())
+if mode == "gone":
+    proc.wait()  # the parent is dead before the child goes on
+os.close(r); os.write(w, b"x"); os.close(w)
+if mode == "gone":
+    _, status = os.waitpid(grandchild, 0)
+    killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    print("killed" if killed else "exited", flush=True)
+else:
+    print("parent", proc.wait(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("parent", ["gone", "right"])
+def test_a_child_whose_parent_died_before_it_asked_does_not_live_on(parent):
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", ORPHAN, parent], capture_output=True, text=True,
+                         timeout=60, check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    if parent == "gone":
+        assert out.stdout.split() == ["killed"], out
+    else:
+        assert out.stdout.split() == ["alive", "parent", "0"], out
