@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from spotlight.errors import ConfigError
 from spotlight.policy.caching import StepCache
 
-DEFAULT_ARMS = ("8", "16", "16@fbc:0.2", "32@fbc:0.2")
+DEFAULT_ARMS = ("12", "16", "16@fbc:0.2", "32@fbc:0.2")  # all > the default group of 8
 _ARM = re.compile(r"^\s*(\d+)\s*(?:@(.*))?$")
 
 
