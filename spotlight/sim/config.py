@@ -57,8 +57,8 @@ class SimConfig:
     """Profile tiny: a JSON file of the primitives measured on one machine (``python -m
     spotlight.sim.calibrate``), priced instead of the profile's built-in figures; with it every spot
     worker shares the spot cores and the reserved workers share the trainer's, as measured there
-    (the trainer is not billed apart: it is on the reserved node). None = the built-in figures, a
-    processor per worker."""
+    (the trainer is still billed as ``trainer_gpus`` reserved GPUs, as the runtime bills its
+    trainer's device). None = the built-in figures, a processor per worker."""
     setup_s: float = 0.0
     """Simulated seconds from the replay's run second 0 to the first iteration (a runtime run's
     trainer set-up and base evaluation after its replay starts), >= 0."""

@@ -95,9 +95,9 @@ class SimRun:
     # --- the cluster at time 0 --------------------------------------------------------------------
     def _start(self) -> None:
         rt, sp, c = self.recipe.runtime, self.recipe.spot, self.cluster
+        # the trainer's pool is reserved for the whole run, as the runtime bills its trainer's device
         trainer = {"kind": "reserved", "workers": self.recipe.sim.trainer_gpus}
-        if self.timing.calibration is None:  # calibrated: one machine, the trainer on the reserved node
-            self.account.on_event("join", "trainer", trainer)
+        self.account.on_event("join", "trainer", trainer)
         if rt.reserved_workers > 0:
             c.add_node("reserved", kind="reserved", gpus=rt.reserved_workers, warm=True)
         if self.replay is None:
