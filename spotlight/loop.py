@@ -193,7 +193,7 @@ class Loop:
             self.start_iteration, self.wall_offset, loop_state = checkpoint.load_latest(
                 self.out / "checkpoints", self.model, self.trainer
             )
-            self.metrics.truncate_after(self.start_iteration - 1)
+            self.metrics.truncate_to_checkpoint(self.start_iteration)
         elif self.metrics.path.exists():
             self.metrics.path.unlink()  # a fresh run owns its folder's metrics
         self.out.mkdir(parents=True, exist_ok=True)  # the recipe beside the metrics (spotlight report)

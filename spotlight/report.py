@@ -29,9 +29,12 @@ class MetricsLog:
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
-    def truncate_after(self, iteration: int) -> None:
-        """Drop records past `iteration` (a resumed run rewrites them)."""
-        keep = [r for r in self.read() if r.get("iteration", -1) <= iteration]
+    def truncate_to_checkpoint(self, iteration: int) -> None:
+        """Keep what a run had written when it saved its checkpoint after ``iteration`` iterations:
+        the records of iterations before it and the evaluations up to it (the evaluation at
+        ``iteration`` is of the checkpoint's weights); a run resumed from it writes the rest."""
+        keep = [r for r in self.read() if r.get("iteration", -1) < iteration
+                or (r.get("event") == "eval" and r.get("iteration") == iteration)]
         self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
 
 

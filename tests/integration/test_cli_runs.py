@@ -78,6 +78,8 @@ def test_resume_is_bit_identical_and_eval_reproduces_the_run(tmp_path, capsys, f
 
     whole, split = records(tmp_path, "whole", "iteration"), records(tmp_path, "split", "iteration")
     assert [r["iteration"] for r in split] == [0, 1, 2]  # each once: the resumed run rewrote nothing
+    # the cut run's last evaluation (of the checkpoint's weights) is kept, the resumed run's added
+    assert [r["iteration"] for r in records(tmp_path, "split", "eval")] == [0, 2, 3]
     for a, b in zip(whole, split, strict=True):
         assert (a["rewards"], a["loss"], a["beta"]) == (b["rewards"], b["loss"], b["beta"]), a["iteration"]
     if finetune == FULL:
