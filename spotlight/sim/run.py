@@ -105,9 +105,8 @@ class SimRun:
             for i in range(math.ceil(gpus / self.gpus_per_node)):
                 c.add_node(f"spot{i}", gpus=min(self.gpus_per_node, gpus - i * self.gpus_per_node), warm=True)
             return
-        target = c if self.recipe.sim.gpus_per_instance is not None else _Granting(c, self.account)
         self.injector = FaultInjector(
-            target, self.replay.events(), warning_s=self.replay.scale_s(sp.warning_s),
+            _Granting(c, self.account), self.replay.events(), warning_s=self.replay.scale_s(sp.warning_s),
             hard_kill_fraction=sp.hard_kill_fraction, cloud=sp.cloud, seed=sp.seed,
             expect=self.account.expect, clock=self.clock, call_later=self.clock.call_later)
         self.injector.play_initial()
@@ -348,13 +347,14 @@ class SimRun:
 
 class _Granting:
     """The fault injector's ``Nodes`` target: the cluster, telling the cost account when each spot
-    node is granted (so its boot is billed), not only when its agent registers."""
+    node (or instance, with ``sim.gpus_per_instance``) is granted, so its boot is billed — a host's
+    boot included for the instances granted while it boots — not only from its registration."""
 
     def __init__(self, cluster: SimCluster, account: SpotAccount) -> None:
         self.cluster, self.account = cluster, account
 
     def add_node(self, node_id: str, **kw: Any) -> None:
-        self.account.granted(node_id, self.cluster.gpus_per_node)
+        self.account.granted(node_id, self.cluster.gpus_per_instance or self.cluster.gpus_per_node)
         self.cluster.add_node(node_id, **kw)
 
     def signal_node(self, node_id: str, sig: int) -> bool:

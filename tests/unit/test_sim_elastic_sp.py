@@ -66,3 +66,16 @@ def test_instances_must_divide_a_node():
                              "runtime.spot_workers=8", "spot.workers_per_node=8"])
     with pytest.raises(ConfigError, match=r"gpus_per_instance \(3\) must divide the GPUs of a node \(8\)"):
         SimRun(r, write=False)
+
+
+def test_instances_granted_to_a_booting_host_are_billed_from_their_grant(tmp_path):
+    trace = tmp_path / "late.csv"  # no spot capacity, then two single-GPU instances at 100 s
+    trace.write_text("0,0\n100,2\n")
+    sim = SimRun(bench.recipe(12, 2, 0.1, "regroup", trace=trace, start_s=0.0), write=False)
+    sim._start()
+    boot = sim.timing.node_start_s
+    sim.clock.run(end=100.0 + boot + 30.0)  # the host booted and registered them
+    host = next(iter(sim.cluster.hosts.values()))
+    assert host.registered and len(host.slices) == 2
+    # both GPUs billed from the grant at 100 s, the host's boot included, not from registration
+    assert sim.account.snapshot()["gpu_s_spot"] == pytest.approx(2 * (sim.clock() - 100.0), abs=1e-6)
