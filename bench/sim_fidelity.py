@@ -148,7 +148,8 @@ def report(i: int, rows: dict, cals: list[Calibration], setup: float, elapsed: f
         print(f"calibration {when}: spot step s (1, 2 at once) {spot}; "
               f"reserved {c.reserved_step_s[0]:.4f}; train s/sample {c.train_s_per_sample:.4f}; "
               f"worker start {c.worker_start_s:.1f} s; agent start {c.node_start_s:.2f} s")
-    end = min(r["end_s"] for r in rows.values())
+    # up to a second before the shorter run's end: an action in that second races the run's stop
+    end = min(r["end_s"] for r in rows.values()) - 1.0
     acts = {k: [a for a in r["actions"] if a[0] <= end] for k, r in rows.items()}
     for name in ("runtime", "sim"):
         print(f"{name:>8} actions to {end:.1f} s: {acts[name]}")
