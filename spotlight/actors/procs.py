@@ -26,6 +26,8 @@ from pathlib import Path
 
 DIE_WITH_PARENT_ENV = "SPOTLIGHT_DIE_WITH_PARENT"
 """Set (by ``spawn``) in a child's environment: the child calls ``die_with_parent`` itself."""
+PARENT_PID_ENV = "SPOTLIGHT_PARENT_PID"
+"""Set by a spawner to its own pid: ``die_with_parent`` then also catches a parent already gone."""
 
 
 # --- child side -----------------------------------------------------------------------------------
@@ -33,17 +35,17 @@ def die_with_parent(only_if_asked: bool = False) -> None:
     """Linux: SIGKILL this process when its parent dies, so a killed agent leaves no worker.
     ``only_if_asked``: only when the parent set ``DIE_WITH_PARENT_ENV`` (a supervised child).
     A parent that died before this call (a node SIGKILLed while its workers still import) is
-    caught too: when ``DIE_WITH_PARENT_ENV`` names a pid that is no longer this process's parent,
-    this process SIGKILLs itself here instead of living on as an orphan."""
-    parent = os.environ.get(DIE_WITH_PARENT_ENV)
-    if only_if_asked and not parent:
+    caught too: when ``PARENT_PID_ENV`` names a pid that is no longer this process's parent, this
+    process SIGKILLs itself here instead of living on as an orphan."""
+    if only_if_asked and not os.environ.get(DIE_WITH_PARENT_ENV):
         return
+    parent = os.environ.get(PARENT_PID_ENV, "")
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
     # after the prctl: a parent dying from here on fires it; one already gone left us reparented
-    if parent and parent.isdigit() and os.getppid() != int(parent):
+    if parent.isdigit() and os.getppid() != int(parent):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -142,7 +144,8 @@ def spawn(name: str, cmd: list[str], *, log_path: Path, ready_prefix: str,
     """Start ``cmd`` with stderr appended to ``log_path`` and stdout drained into it; the child
     dies with this process (``DIE_WITH_PARENT_ENV``) and has its own session, so a terminal's
     Ctrl-C reaches only the parent, which stops its children in order."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}), DIE_WITH_PARENT_ENV: str(os.getpid())}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}), DIE_WITH_PARENT_ENV: "1",
+           PARENT_PID_ENV: str(os.getpid())}
     with open(log_path, "ab") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
     return Child(name, proc, log_path, ready_prefix, on_exit)

@@ -107,7 +107,7 @@ mode = sys.argv[1]
 child = ("import os, sys; r, w = int(sys.argv[1]), int(sys.argv[2]); os.close(w); os.read(r, 1); "
          "from spotlight.actors.procs import die_with_parent; die_with_parent(); print('alive', flush=True)")
 parent = ("import os, subprocess, sys; r, w, o = (int(a) for a in sys.argv[1:4]); "
-          "env = dict(os.environ, SPOTLIGHT_DIE_WITH_PARENT=str(os.getpid())); "
+          "env = dict(os.environ, SPOTLIGHT_PARENT_PID=str(os.getpid())); "
           "p = subprocess.Popen([sys.executable, '-c', sys.argv[5], str(r), str(w)], pass_fds=(r, w), "
           "env=env, stdout=o, stderr=o); print(p.pid, flush=True); "
           "sys.exit(0 if sys.argv[4] == 'gone' else p.wait())")

@@ -38,7 +38,7 @@ class WorkerHandle:
     async def start(self, store: str, recipe: dict, timeout: float, rpc_timeout: float,
                     keys: str | None = None, log_dir: str | None = None) -> None:
         self.restarts += 1
-        env = {**os.environ, "OMP_NUM_THREADS": "1", procs.DIE_WITH_PARENT_ENV: str(os.getpid())}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", procs.PARENT_PID_ENV: str(os.getpid())}
         args = ["--bind", self.endpoint, "--store", store, "--recipe-json", json.dumps(recipe),
                 "--worker-id", self.worker_id, *(["--keys", keys] if keys else []),
                 *(["--log-dir", log_dir] if log_dir else [])]
