@@ -9,7 +9,8 @@ Layout (as bench/preemption.py): this process — the trainer, the queue, the st
 node of one worker — on CPU 0; every spot node (one worker each) on CPU 1. The machine is shared,
 so its speed drifts: the bench measures the primitives (``spotlight.sim.calibrate``: step seconds
 with 1 and 2 processes computing at once on CPU 1, one on CPU 0, the trainer's seconds per sample,
-a worker's and an agent's start) before and after each runtime run, and the sim of that run is
+a worker's and an agent's start, the runtime's own seconds per rollout request) before and after
+each runtime run, and the sim of that run is
 priced by the mean of the two (its range: each alone). Nothing is fitted to iteration seconds.
 One figure is taken from the runtime run: the run seconds its trainer spent setting up (and
 evaluating the base) after the replay started, so that the sim's first iteration meets the same
@@ -18,7 +19,8 @@ trace second (``sim.setup_s``); a one-machine run spends tens of seconds there u
 Printed per pair: the fault injector's actions in both (the same trace replayed by the same
 FaultInjector with the same seed: which node gets a notice and which a SIGKILL, at which run
 second), removals up to the shorter run's end, requests resumed, steps lost, seconds and dollars
-per iteration after the first (the runtime's warm-up), and sim / runtime. Goal: within 10%.
+per iteration after the first (the runtime's warm-up), and sim / runtime. Goal: within 10%. The
+row "sim, no request_s" prices the runtime's own per-request work at zero: what that term explains.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +129,9 @@ def main() -> None:
         rows = {"runtime": summarise(real, real.runtime.injector),
                 "sim": sim_run(args, f"sim{i}", mean_calibration(cals[i:i + 2]), setup),
                 "sim, cal. before": sim_run(args, f"sim{i}_before", cals[i], setup),
-                "sim, cal. after": sim_run(args, f"sim{i}_after", cals[i + 1], setup)}
+                "sim, cal. after": sim_run(args, f"sim{i}_after", cals[i + 1], setup),
+                "sim, no request_s": sim_run(args, f"sim{i}_bare",
+                                             replace(mean_calibration(cals[i:i + 2]), request_s=0.0), setup)}
         pairs.append(rows)
         report(i, rows, cals[i:i + 2], setup, time.monotonic() - t0)
     cols = ("s_per_iteration", "usd_per_iteration")
@@ -147,7 +151,8 @@ def report(i: int, rows: dict, cals: list[Calibration], setup: float, elapsed: f
         spot = ", ".join(f"{x:.4f}" for x in c.spot_step_s)
         print(f"calibration {when}: spot step s (1, 2 at once) {spot}; "
               f"reserved {c.reserved_step_s[0]:.4f}; train s/sample {c.train_s_per_sample:.4f}; "
-              f"worker start {c.worker_start_s:.1f} s; agent start {c.node_start_s:.2f} s")
+              f"worker start {c.worker_start_s:.1f} s; agent start {c.node_start_s:.2f} s; "
+              f"runtime's own s/request {c.request_s:.4f}")
     # up to a second before the shorter run's end: an action in that second races the run's stop
     end = min(r["end_s"] for r in rows.values()) - 1.0
     acts = {k: [a for a in r["actions"] if a[0] <= end] for k, r in rows.items()}
@@ -164,7 +169,7 @@ def report(i: int, rows: dict, cals: list[Calibration], setup: float, elapsed: f
     print(f"{'':>17} " + " ".join(f"{c:>17}" for c in cols))
     for name, r in rows.items():
         print(f"{name:>17} " + " ".join(f"{r[c]:>17.4g}" for c in cols))
-    for name in ("sim", "sim, cal. before", "sim, cal. after"):
+    for name in ("sim", "sim, cal. before", "sim, cal. after", "sim, no request_s"):
         ratios = [f"{rows[name][c] / rows['runtime'][c]:>17.3f}" if rows["runtime"][c] else f"{'-':>17}"
                   for c in cols]
         print(f"{name + ' / rt':>17} " + " ".join(ratios))

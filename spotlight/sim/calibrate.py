@@ -16,7 +16,14 @@ the trainer, and the reserved node it starts, on the others):
   then the trainer's update (``GRPOTrainer`` on the trainer's model) of them three times, seconds
   per sample the median of the last two;
 - a worker's start (process start to its model built: interpreter, imports, model), the first
-  spot probe's, alone; a node agent's (process start to its service module imported), alone.
+  spot probe's, alone; a node agent's (process start to its service module imported), alone;
+- the runtime's own seconds per rollout request, after the others: a one-machine runtime
+  (``LocalRuntime``: queue, store and trainer on the reserved CPUs, one spot worker on the spot
+  CPUs, no trace) runs a few iterations of the recipe; with one worker nothing overlaps, so a rollout
+  batch's wall time (submit to its trajectories read) minus the worker's compute is what the
+  runtime adds — queue round trips, the weights and prompt fetch, a store commit every step, the
+  trajectory's seal and the trainer's read — over its requests, the median over the batches after
+  the first.
 
 Nothing here is fitted to a run's iteration seconds: these are the pieces the simulation prices.
 
@@ -65,10 +72,11 @@ def agent_start_s(cpus: set[int]) -> float:
 
 
 def measure(spot_cpus: set[int], reserved_cpus: set[int], overrides: list[str], concurrency: int = 2,
-            requests: int = 3) -> Calibration:
+            requests: int = 3, runtime_iterations: int = 3) -> Calibration:
     """The primitives (module docstring) for the tiny recipe with ``overrides``. The reserved
     probe (its rollouts, then the trainer's updates) runs on its CPUs while the spot probes run
-    on theirs, as a run's reserved and spot workers do."""
+    on theirs, as a run's reserved and spot workers do; then the runtime probe, alone, for
+    ``runtime_iterations`` (>= 2: the first is left out)."""
     from spotlight import load_recipe
 
     recipe = load_recipe("tiny", overrides)
@@ -98,9 +106,44 @@ def measure(spot_cpus: set[int], reserved_cpus: set[int], overrides: list[str], 
         for p in procs:
             p.kill()
             p.wait()
+    node_start = agent_start_s(spot_cpus)
+    spot_list = ",".join(str(c) for c in sorted(spot_cpus))
+    probe = _spawn(["--probe", "runtime", "--spot-cpus", spot_list, "--runtime-iterations",
+                    str(runtime_iterations), *overrides], reserved_cpus)
+    try:
+        request_s = _line(probe)["request_s"]
+        probe.wait()
+    finally:
+        if probe.poll() is None:
+            probe.kill()
+            probe.wait()
     return Calibration(batch=recipe.run.group_size, steps=recipe.sampler.steps, spot_step_s=tuple(spot),
                        reserved_step_s=(got["step_s"],), train_s_per_sample=got["train_s_per_sample"],
-                       node_start_s=agent_start_s(spot_cpus), worker_start_s=worker_start)
+                       node_start_s=node_start, worker_start_s=worker_start, request_s=request_s)
+
+
+def _runtime_probe(spot_cpus: set[int], iterations: int, overrides: list[str]) -> None:
+    """The runtime's seconds per rollout request (module docstring), printed as one JSON line."""
+    import tempfile
+
+    from spotlight import load_recipe
+    from spotlight.actors.runtime import LocalRuntime
+    from spotlight.loop import Loop
+
+    if iterations < 2:
+        raise SystemExit("--runtime-iterations must be >= 2 (the first is left out)")
+    with tempfile.TemporaryDirectory() as out:
+        recipe = load_recipe("tiny", [*overrides, 'run.mode="runtime"', "runtime.reserved_workers=0",
+                                      "runtime.spot_workers=1", "spot.trace=none", 'explore.schedule="off"',
+                                      f"run.iterations={iterations}", f'run.out_dir="{out}"',
+                                      'run.name="calibrate"'])
+        with LocalRuntime(recipe, spot_cpus=spot_cpus) as rt:
+            loop = Loop(recipe, executor=rt.executor, progress=False)
+            for it in range(iterations):
+                loop.step(it)
+            batches = [t for t in loop.executor.timings if t["kind"] == "rollout"][1:]
+    per = [(t["wall_s"] - t["compute_s"]) / t["requests"] for t in batches]
+    print(json.dumps({"request_s": max(statistics.median(per), 0.0)}), flush=True)
 
 
 # --- the probes (child processes) -------------------------------------------------------------------
@@ -162,15 +205,20 @@ def main() -> None:
     p.add_argument("--reserved-cpus", default="0", help="CPUs of the trainer and reserved node")
     p.add_argument("--concurrency", type=int, default=2, help="most processes at once on the spot CPUs")
     p.add_argument("--requests", type=int, default=3, help="rollouts per probe and k (the first warms up)")
+    p.add_argument("--runtime-iterations", type=int, default=3,
+                   help="iterations of the runtime probe (the first is left out)")
     p.add_argument("--out", default="calibration.json")
-    p.add_argument("--probe", choices=("rollout", "train"), help=argparse.SUPPRESS)
+    p.add_argument("--probe", choices=("rollout", "train", "runtime"), help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="tiny recipe overrides (key=value)")
     args = p.parse_args()
+    cpus = [{int(c) for c in s.split(",")} for s in (args.spot_cpus, args.reserved_cpus)]
+    if args.probe == "runtime":
+        _runtime_probe(cpus[0], args.runtime_iterations, args.overrides)
+        return
     if args.probe:
         _probe(args.probe, args.overrides)
         return
-    cpus = [{int(c) for c in s.split(",")} for s in (args.spot_cpus, args.reserved_cpus)]
-    cal = measure(cpus[0], cpus[1], args.overrides, args.concurrency, args.requests)
+    cal = measure(cpus[0], cpus[1], args.overrides, args.concurrency, args.requests, args.runtime_iterations)
     cal.save(args.out)
     print(json.dumps(json.loads(open(args.out).read())))
 

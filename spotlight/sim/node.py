@@ -5,7 +5,8 @@ clock: it boots and registers with the controller, beats, long-polls the queue f
 as its idle members can form groups for, hands them to its ``GroupScheduler`` (groups of
 ``runtime.sp_degree`` at fresh epochs; degree 1 for single workers), loads each lease's weights
 version through its ``WeightsHolders`` (held: nothing; a node peer holds it: a peer copy; else a
-store fetch queued on the store's link), runs the remaining steps at ``TimingModel.step_s`` on its
+store fetch queued on the store's link) and, for a rollout, waits the runtime's own seconds per
+request (``TimingModel.request_s``), runs the remaining steps at ``TimingModel.step_s`` on its
 node class's processors (``SimCluster.cores``: a device per worker, or cores shared by every
 process computing on them, its start included — ``spotlight.sim.cores``),
 heartbeats every lease with its committed step, and completes on the queue. A notice (SIGTERM)
@@ -273,7 +274,10 @@ class SimNode:
             step_s = c.timing.step_s(len(work.seeds), len(members), self.kind)
         req = self.sched.requests.get(cmd.request_id)
         regroup = c.timing.regroup_s if req is not None and req.attempts > 1 else 0.0
-        ready = c.clock() + regroup + self._load(members, work.version)
+        # the runtime's own work on a rollout (queue, fetches, commits, seal, the trainer's read)
+        # holds its members before they compute
+        own = c.timing.request_s if work.KIND == "rollout" else 0.0
+        ready = c.clock() + regroup + own + self._load(members, work.version)
         c.resumed(cmd.request_id, ready)
         run = _Run(lease, cmd.epoch, members, ready, first, steps, step_s, self.cores)
         self.runs[cmd.epoch] = run

@@ -9,6 +9,9 @@
   a weights update from the tensor store across nodes, a copy from a worker on the same node;
 - ``regroup_s``, ``restart_s``: an SP group re-formed on its live workers; a worker restarted cold;
 - ``node_start_s``: a spot node from the market's grant to its agent registering;
+- ``request_s``: the runtime's own seconds per rollout request beyond its compute (a
+  calibration's measurement; uncalibrated profiles price none: milliseconds of queue and commit
+  round trips against requests of seconds to minutes);
 - ``slowdown(kind)``: with a calibration, how much longer a unit of work takes with ``n`` processes
   computing at once on the cores of that node class (``spotlight.sim.cores``); None: a device each.
 
@@ -17,7 +20,8 @@ Profiles (``PROFILES``): ``qwen-image-20b`` (Qwen-Image's MMDiT, priced by FLOPs
 ``cpu``). A ``Calibration`` (``spotlight.sim.calibrate`` measures one; ``sim.calibration`` names
 its JSON) replaces the tiny profile's built-in figures with a machine's measured primitives: step
 seconds with 1..K processes computing at once on the spot cores and on the reserved cores, the
-trainer's seconds per sample, a node agent's and a worker's start; with it, spot workers share the
+trainer's seconds per sample, a node agent's and a worker's start, the runtime's seconds per
+request; with it, spot workers share the
 spot cores and reserved workers share the trainer's, as on the machine it measured.
 
 A FLOP-priced step is FLOPs / (peak x utilisation), the utilisation falling for short sequences
@@ -185,6 +189,10 @@ class Calibration:
     """A node agent process from its start to registered (interpreter and imports), spot cores."""
     worker_start_s: float
     """A worker process from its start to its model loaded, spot cores."""
+    request_s: float
+    """The runtime's own seconds per rollout request beyond its compute (queue round trips, weights
+    and prompt fetch, a store commit every step, the trajectory's seal and the trainer's read), on
+    one worker whose batches nothing overlaps."""
 
     def __post_init__(self) -> None:
         for name in ("spot_step_s", "reserved_step_s"):
@@ -194,7 +202,7 @@ class Calibration:
         for name in ("batch", "steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"calibration {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("train_s_per_sample", "node_start_s", "worker_start_s"):
+        for name in ("train_s_per_sample", "node_start_s", "worker_start_s", "request_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"calibration {name} must be seconds >= 0, got {v!r}")
@@ -311,6 +319,11 @@ class TimingModel:
         if p.measured_step_s is not None:
             return 2.3  # a cold tiny worker: 2.3-3.4 s measured (DESIGN.md §7: imports + model)
         return p.weights_bytes / (COLD_READ_GBPS * GB) + p.weights_bytes / (PCIE_GBPS * GB)
+
+    @property
+    def request_s(self) -> float:
+        """The runtime's own seconds per rollout request beyond its compute (module docstring)."""
+        return 0.0 if self.calibration is None else self.calibration.request_s
 
     @property
     def regroup_s(self) -> float:

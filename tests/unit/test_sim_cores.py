@@ -49,7 +49,7 @@ def test_a_task_cut_short_ends_at_its_boundary_and_keeps_its_progress():
 
 def _cal(**kw):
     base = dict(batch=8, steps=10, spot_step_s=(0.05, 0.1), reserved_step_s=(0.05,), train_s_per_sample=0.02,
-                node_start_s=0.5, worker_start_s=1.0)
+                node_start_s=0.5, worker_start_s=1.0, request_s=0.0)
     return Calibration(**{**base, **kw})
 
 
@@ -64,15 +64,17 @@ def test_calibration_file_round_trip_and_bad_input(tmp_path):
         Calibration.load(bad)
     with pytest.raises(ConfigError, match="spot_step_s"):
         _cal(spot_step_s=())
+    with pytest.raises(ConfigError, match="request_s"):
+        _cal(request_s=-0.1)
     with pytest.raises(ConfigError, match="measures the tiny profile"):
         TimingModel("qwen-image-20b", "h200", calibration=_cal())
     with pytest.raises(ConfigError, match="sim.calibration"):
         load_recipe("tiny", ['run.mode="sim"', f'sim.calibration="{tmp_path / "missing.json"}"'])
 
 
-def _rollout_s(tmp_path, spot_step_s):
-    path = tmp_path / f"cal{spot_step_s[1]}.json"
-    _cal(spot_step_s=spot_step_s).save(path)
+def _rollout_s(tmp_path, spot_step_s, request_s=0.0):
+    path = tmp_path / f"cal{spot_step_s[1]}-{request_s}.json"
+    _cal(spot_step_s=spot_step_s, request_s=request_s).save(path)
     recipe = load_recipe("tiny", ['run.mode="sim"', "run.iterations=2", "runtime.reserved_workers=0",
                                   "runtime.spot_workers=2", "spot.workers_per_node=2",
                                   f'sim.calibration="{path}"'])
@@ -86,3 +88,8 @@ def test_calibrated_spot_workers_share_their_core(tmp_path):
     # (0.1 s a step with two computing) -> 4 x 1.0 s
     assert _rollout_s(tmp_path, (0.05, 0.05)) == pytest.approx(2.0, abs=0.05)
     assert _rollout_s(tmp_path, (0.05, 0.1)) == pytest.approx(4.0, abs=0.05)
+
+
+def test_the_runtimes_own_seconds_per_request_hold_the_worker(tmp_path):
+    # the same 4 requests a worker, each held 0.1 s longer by the runtime's own work: + 4 x 0.1 s
+    assert _rollout_s(tmp_path, (0.05, 0.05), request_s=0.1) == pytest.approx(2.4, abs=0.05)
