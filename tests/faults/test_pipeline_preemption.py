@@ -13,13 +13,13 @@ import signal
 
 import pytest
 import torch
+from pipeline_runtime import serving
 from polling import wait_for
 from trajectory import same_as_reference
 
-from spotlight.actors.procs import alive, descendants
-from spotlight.actors.runtime import LocalRuntime
+from spotlight.actors.procs import descendants
 from spotlight.comm import messages as m
-from spotlight.pipelines.text import fetch_prompts, publish_prompts
+from spotlight.pipelines.text import fetch_prompts
 from spotlight.policy.sampler import sde_rollout
 from spotlight.recipe import load_recipe
 from spotlight.work import image_shape, policy_model
@@ -48,15 +48,9 @@ def runtime(request, tmp_path_factory, tiny_pipeline_dir):
     assert model.text.encoded == (1 if request.param == "flux" else 2)  # + the CFG negative prompt
     # the workers have no cache folder: the embeddings reach them through the tensor store only
     shutil.rmtree(out / "text")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OMP_NUM_THREADS", "1")
-        with LocalRuntime(recipe) as rt:
-            rt.call(rt.store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()}))
-            rt.call(publish_prompts(rt.store, model, [PROMPT], set()))  # what the runtime's executor does
-            rt.reference, rt.recipe = rt_ref, recipe
-            yield rt
-            pids = rt.pids()
-    assert [p for p in pids if alive(p)] == []
+    with serving(recipe, model, [PROMPT]) as rt:
+        rt.reference, rt.recipe = rt_ref, recipe
+        yield rt
     assert not (out / "text").exists()  # no worker encoded a prompt (it would have cached it)
 
 

@@ -13,13 +13,12 @@ import signal
 
 import pytest
 import torch
+from pipeline_runtime import serving
 from polling import wait_for
 from trajectory import same_as_reference
 
-from spotlight.actors.procs import alive, descendants
-from spotlight.actors.runtime import LocalRuntime
+from spotlight.actors.procs import descendants
 from spotlight.comm import messages as m
-from spotlight.pipelines.text import publish_prompts
 from spotlight.policy.sampler import sde_rollout
 from spotlight.recipe import load_recipe
 from spotlight.work import image_shape, policy_model
@@ -45,15 +44,9 @@ def runtime(tmp_path_factory, tiny_pipeline_dir):
     torch.manual_seed(0)
     model = policy_model(recipe)
     reference = sde_rollout(model, [PROMPT] * 4, SEEDS, recipe.sampler, image_shape(recipe))
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OMP_NUM_THREADS", "1")
-        with LocalRuntime(recipe) as rt:
-            rt.call(rt.store.publish_weights(0, {k: v.numpy() for k, v in model.state_dict().items()}))
-            rt.call(publish_prompts(rt.store, model, [PROMPT], set()))  # what the runtime's executor does
-            rt.reference = reference
-            yield rt
-            pids = rt.pids()
-    assert [p for p in pids if alive(p)] == []
+    with serving(recipe, model, [PROMPT]) as rt:
+        rt.reference = reference
+        yield rt
 
 
 def test_a_pipeline_request_on_an_sp_group_is_bit_identical(runtime):
