@@ -19,7 +19,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 
 from spotlight.errors import ConfigError, SpotlightError
@@ -361,15 +360,53 @@ def _status(args) -> int:
 
     if args.watch is not None and args.watch <= 0:
         raise SystemExit("spotlight status: --watch needs a period > 0")
-    while True:
-        reply = asyncio.run(fetch_status(args.controller, keys=args.keys, timeout=args.timeout))
-        text = (json.dumps(dataclasses.asdict(reply), indent=2) if args.json
+
+    def show(reply) -> str:
+        return (json.dumps(dataclasses.asdict(reply), indent=2) if args.json
                 else format_status(reply, args.controller))
-        if args.watch is None:
-            print(text)
-            return 0
-        print("\x1b[H\x1b[2J" + text if sys.stdout.isatty() else text + "\n", flush=True)
-        time.sleep(args.watch)
+
+    if args.watch is None:
+        print(show(asyncio.run(fetch_status(args.controller, keys=args.keys, timeout=args.timeout))))
+        return 0
+    if asyncio.run(_watch_status(args, show)):
+        raise KeyboardInterrupt  # main's handler: "interrupted", exit status 130
+    return 0
+
+
+async def _watch_status(args, show) -> bool:
+    """``status --watch``: the fleet every ``args.watch`` seconds until Ctrl-C; True when it ends so.
+
+    Ctrl-C is taken by the event loop (``add_signal_handler``), not raised wherever the main thread
+    happens to be: a KeyboardInterrupt landing in a finalizer (the sockets each poll leaves to the
+    collector) is dropped by Python, and the loop would go on polling forever."""
+    import asyncio
+    import signal
+
+    from spotlight.actors.controller.status import fetch_status
+
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, interrupted.set)
+    try:
+        while True:
+            poll = asyncio.ensure_future(fetch_status(args.controller, keys=args.keys, timeout=args.timeout))
+            stop = asyncio.ensure_future(interrupted.wait())
+            await asyncio.wait({poll, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if interrupted.is_set():
+                poll.cancel()
+                await asyncio.gather(poll, return_exceptions=True)
+                return True
+            text = show(poll.result())
+            print("\x1b[H\x1b[2J" + text if sys.stdout.isatty() else text + "\n", flush=True)
+            try:
+                async with asyncio.timeout(args.watch):
+                    await interrupted.wait()
+                return True
+            except TimeoutError:
+                pass
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
 
 
 def _report(args) -> int:

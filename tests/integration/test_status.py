@@ -84,9 +84,13 @@ def test_status_of_a_running_reserved_side(keys, tmp_path, capsys):
             assert headers == 2
         finally:
             watch.send_signal(signal.SIGINT)
-            assert watch.wait(30) == 130
-            watch.stdout.close()
-            watch.stderr.close()
+            try:  # drains both pipes while it waits: a full pipe cannot hold the process up
+                _, err = watch.communicate(timeout=30)
+            finally:
+                if watch.poll() is None:  # still polling after Ctrl-C: fail, and leave no process behind
+                    watch.kill()
+                    watch.communicate()
+        assert watch.returncode == 130 and "interrupted" in err
 
     with socket.socket() as free:  # a port nothing listens on
         free.bind(("127.0.0.1", 0))
