@@ -32,7 +32,7 @@ from spotlight.comm.messages import ExploreWork, RolloutWork
 from spotlight.policy.caching import StepCache, step_cache
 from spotlight.policy.grpo import Group, add_lora
 from spotlight.policy.sampler import RolloutState, SamplerConfig, sample_policy, sde_advance, start, to_images
-from spotlight.rewards.base import to_uint8_images
+from spotlight.rewards.base import column_scores, to_uint8_images
 
 
 def batch_name(iteration: int, phase: str) -> str:
@@ -141,16 +141,25 @@ class Rollout:
         model (a pipeline's VAE) when it works in a latent space."""
         return to_uint8_images(to_images(self.model, self.state.latents[-1]))
 
-    def rewards(self, reward) -> np.ndarray:
-        return np.asarray(reward(self.images(), self.prompts), dtype=np.float32)
+    def scores(self, reward) -> tuple[np.ndarray, np.ndarray]:
+        """(rewards float32 [G], per-column credit float32 [G, W]): ``column_scores`` of the group's
+        final images."""
+        return column_scores(reward, self.images(), self.prompts)
 
-    async def rewards_async(self, reward) -> np.ndarray:
-        """``rewards``, awaited: a reward with ``score_async`` (its own thread pool: ocr) scores while
-        the caller's event loop keeps running; any other reward is called as ``rewards`` calls it."""
+    async def scores_async(self, reward) -> tuple[np.ndarray, np.ndarray]:
+        """``scores``, awaited: a reward with ``columns_async`` or ``score_async`` (its own thread
+        pool: ocr) scores while the caller's event loop keeps running; any other reward is called
+        as ``scores`` calls it."""
+        images = self.images()
+        columns = getattr(reward, "columns_async", None)
+        if columns is not None:
+            scores, maps = await columns(images, self.prompts)
+            return np.asarray(scores, dtype=np.float32), np.asarray(maps, dtype=np.float32)
         score = getattr(reward, "score_async", None)
         if score is None:
-            return self.rewards(reward)
-        return np.asarray(await score(self.images(), self.prompts), dtype=np.float32)
+            return self.scores(reward)
+        scores = np.asarray(await score(images, self.prompts), dtype=np.float32)
+        return scores, np.repeat(scores[:, None], images.shape[2], axis=1)
 
 
 def rollout(model, job: RolloutWork, sampler: SamplerConfig, reward, shape) -> Group:
@@ -159,7 +168,7 @@ def rollout(model, job: RolloutWork, sampler: SamplerConfig, reward, shape) -> G
     while not r.done:
         r.step()
     latents, log_probs = trajectory(r.state)
-    return group(job, latents, log_probs, r.rewards(reward))
+    return group(job, latents, log_probs, *r.scores(reward))
 
 
 def trajectory(state: RolloutState) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,10 +177,12 @@ def trajectory(state: RolloutState) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(state.latents).cpu(), torch.stack(state.log_probs).cpu()
 
 
-def group(job: RolloutWork, latents, log_probs, rewards) -> Group:
+def group(job: RolloutWork, latents, log_probs, rewards, credit=None) -> Group:
     """The trainer's ``Group`` ([G, steps, ...] writable tensors) from a step-major trajectory,
-    whether it comes from memory or from the tensor store (numpy views)."""
+    whether it comes from memory or from the tensor store (numpy views); ``credit`` the rewards'
+    per-column credit [G, W] (None: a trajectory stored without one)."""
     lat, lps = (
         torch.as_tensor(np.ascontiguousarray(np.asarray(x).swapaxes(0, 1))) for x in (latents, log_probs)
     )
-    return Group(job.prompt, list(job.seeds), lat, lps, torch.as_tensor(np.array(rewards, dtype=np.float32)))
+    return Group(job.prompt, list(job.seeds), lat, lps, torch.as_tensor(np.array(rewards, dtype=np.float32)),
+                 None if credit is None else torch.as_tensor(np.array(credit, dtype=np.float32)))

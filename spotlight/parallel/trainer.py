@@ -76,7 +76,14 @@ def _recv_header(device) -> dict:
 def _batch_header(trainer: GRPOTrainer, groups: list[Group]) -> dict:
     return {"cmd": "update", "iteration": trainer.iteration, "beta": trainer.beta,
             "groups": [{"prompt": g.prompt, "seeds": list(g.seeds)} for g in groups],
-            "latents": list(groups[0].latents.shape), "log_probs": list(groups[0].log_probs.shape)}
+            "latents": list(groups[0].latents.shape), "log_probs": list(groups[0].log_probs.shape),
+            "credit": list(groups[0].credit.shape) if _sends_credit(trainer, groups) else None}
+
+
+def _sends_credit(trainer: GRPOTrainer, groups: list[Group]) -> bool:
+    """Whether the ranks need the groups' credit maps (a group without one falls back to its
+    rewards on every rank alike)."""
+    return trainer.cfg.awm_credit == "columns" and all(g.credit is not None for g in groups)
 
 
 def _send_batch(trainer: GRPOTrainer, groups: list[Group], device) -> None:
@@ -86,6 +93,8 @@ def _send_batch(trainer: GRPOTrainer, groups: list[Group], device) -> None:
         for gi in trainer.needs(list(rewards), rank):
             dist.send(groups[gi].latents.float().contiguous().to(device), rank)
             dist.send(groups[gi].log_probs.float().contiguous().to(device), rank)
+            if _sends_credit(trainer, groups):
+                dist.send(groups[gi].credit.float().contiguous().to(device), rank)
 
 
 def _recv_batch(trainer: GRPOTrainer, header: dict, device) -> list[Group]:
@@ -101,6 +110,10 @@ def _recv_batch(trainer: GRPOTrainer, header: dict, device) -> list[Group]:
         dist.recv(latents, 0)
         dist.recv(log_probs, 0)
         groups[gi].latents, groups[gi].log_probs = latents.cpu(), log_probs.cpu()
+        if header.get("credit") is not None:
+            credit = torch.empty(header["credit"], dtype=torch.float32, device=device)
+            dist.recv(credit, 0)
+            groups[gi].credit = credit.cpu()
     return groups
 
 

@@ -108,6 +108,13 @@ class GRPOConfig:
     ema_decay: float = 0.0
     """Exponential moving average of the weights, updated after every optimizer step (0 = off):
     the model evaluated, checkpointed and deployed is the average; rollouts use the online one."""
+    awm_credit: str = "sample"
+    """Under 'awm', whose advantage weights each pixel's flow-matching error: 'sample' (the image's
+    group advantage, everywhere in it) or 'columns' (the rewards' per-column credit, centred per
+    column over the group: `column_advantages`; the OCR reward's map says which letters are right,
+    so a sample is pulled towards its right letters and away from its wrong ones, not towards or
+    away from its whole word). A reward without a map gives its score at every column, which
+    makes 'columns' the 'sample' weighting."""
     awm_shared_noise: bool = True
     """Under 'awm', every sample of a group is re-noised with the same (ε, t) draws: the
     advantages sum to zero, so the part of the loss's gradient that comes from (ε, t) rather
@@ -141,6 +148,10 @@ class GRPOConfig:
             raise ConfigError(f"grpo.finetune must be 'full' or 'lora', got {self.finetune!r}")
         if self.objective not in ("grpo", "awm"):
             raise ConfigError(f"grpo.objective must be 'grpo' or 'awm', got {self.objective!r}")
+        if self.awm_credit not in ("sample", "columns"):
+            raise ConfigError(f"grpo.awm_credit must be 'sample' or 'columns', got {self.awm_credit!r}")
+        if self.awm_credit == "columns" and (self.objective != "awm" or self.awm_push_limit > 0):
+            raise ConfigError("grpo.awm_credit = 'columns' needs objective 'awm' and awm_push_limit 0")
         if self.awm_push_limit < 0:
             raise ConfigError(f"grpo.awm_push_limit must be >= 0, got {self.awm_push_limit}")
         if not 0 <= self.ema_decay < 1:
@@ -170,6 +181,7 @@ class Group:
     latents: torch.Tensor  # [G, K+1, C, H, W]
     log_probs: torch.Tensor  # [G, K]
     rewards: torch.Tensor  # [G]
+    credit: torch.Tensor | None = None  # [G, W]: where in each image its reward was earned (columns)
 
 
 def _mean_over_ranks(stats: dict[str, list[float]], device) -> dict[str, float]:
@@ -206,6 +218,19 @@ def advantages(
     scale = float(r.std(unbiased=False)) if std is None else std
     if scale <= 0:  # all-equal rewards (a group's own std is 0 exactly when it is)
         return torch.zeros_like(r).float()
+    return (centred / (scale + eps)).clamp(-clip, clip).float()
+
+
+def column_advantages(credit: torch.Tensor, width: int, clip: float = 5.0, eps: float = 1e-4) -> torch.Tensor:
+    """Per-column advantages [G, width] of one group's per-column credit [G, W]: the map averaged
+    down to ``width`` columns (a latent's, when the model works in a latent space), centred per
+    column over the group, divided by the RMS of all the centred values (so a map that is each
+    sample's reward at every column gives exactly ``advantages``); all-equal maps give zeros."""
+    c = torch.nn.functional.adaptive_avg_pool1d(credit.double()[:, None, :], width)[:, 0]
+    centred = c - c.mean(0, keepdim=True)
+    scale = float(centred.pow(2).mean().sqrt())
+    if scale <= 0:
+        return torch.zeros_like(c).float()
     return (centred / (scale + eps)).clamp(-clip, clip).float()
 
 
@@ -428,7 +453,13 @@ class GRPOTrainer:
             stop = (a < 0) & (err.detach() > (1 + cfg.awm_push_limit) * err_ref)
             a = torch.where(stop, torch.zeros_like(a), a)
             stats["push_stopped"].append(float(stop.float().mean()))
-        loss = (a * err).mean()
+        if cfg.awm_credit == "columns":  # each pixel weighted by its column's advantage
+            credit = g.credit if g.credit is not None else g.rewards[:, None].expand(-1, x0.shape[-1])
+            amap = column_advantages(credit, x0.shape[-1]).to(x0).repeat(cfg.awm_times, 1)[:, None, None, :]
+            amap = torch.where(amap > 0, amap, cfg.awm_negative * amap)
+            loss = (amap * (v - (eps - x0)).pow(2)).mean()
+        else:
+            loss = (a * err).mean()
         kl = torch.zeros(())
         if cfg.beta > 0:
             kl = (v - v_ref).pow(2).flatten(1).mean(1).mean()

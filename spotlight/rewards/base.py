@@ -5,6 +5,11 @@ A reward scores a batch of finished images against their prompts:
 actors, queues or models; a worker converts its decoded latents with :func:`to_uint8_images` and
 calls the reward it was configured with.
 
+A reward may also say *where* in each image it was earned: ``reward.columns(images, prompts) ->
+(scores [B], credit [B, W])``, a score per image column (the OCR reward's: 1 on the letters read
+right, 0 on wrong ones). :func:`column_scores` gives every reward's map (a reward without one: its
+score at every column); GRPO's ``awm_credit = "columns"`` weights each pixel's loss by it.
+
 Rewards are found by name through a small registry. Built-in names map to ``"module:attr"``
 strings that are imported only when first asked for, so importing this module (e.g. in a
 controller that never scores) pulls in neither PIL-heavy scorers nor the compositional detector.
@@ -36,6 +41,7 @@ __all__ = [
     "check_arguments",
     "check_batch",
     "check_scores",
+    "column_scores",
     "known_rewards",
     "make_reward",
     "register_reward",
@@ -58,6 +64,29 @@ class RewardFn(Protocol):
     def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
         """Score ``images`` (uint8 [B, H, W, 3]) against ``prompts`` (len B); float32 [B]."""
         ...
+
+
+def column_scores(reward, images: np.ndarray, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(scores float32 [B], per-column credit float32 [B, W]): where in each image the reward was
+    earned. A reward with ``columns(images, prompts)`` says so itself (the OCR reward: the columns
+    where the text is right); any other reward's map is its score at every column. A
+    ``WeightedSum`` weighs its terms' maps."""
+    fn = getattr(reward, "columns", None)
+    if fn is None:
+        scores = check_scores(reward(images, prompts), len(prompts), reward.name)
+        return scores, np.repeat(scores[:, None], images.shape[2], axis=1)
+    scores, maps = fn(images, prompts)
+    return check_scores(scores, len(prompts), reward.name), _check_columns(maps, images, reward.name)
+
+
+def _check_columns(maps, images: np.ndarray, name: str) -> np.ndarray:
+    arr = np.asarray(maps, dtype=np.float32)
+    if arr.shape != images.shape[:1] + images.shape[2:3]:
+        raise ValueError(f"reward {name!r} returned columns of shape {list(arr.shape)}, expected "
+                         f"{[images.shape[0], images.shape[2]]}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"reward {name!r} returned non-finite column credit")
+    return arr
 
 
 # --- batch checks -------------------------------------------------------------------------------
@@ -274,6 +303,17 @@ class WeightedSum:
 
     def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
         return self.evaluate(images, prompts)[0]
+
+    def columns(self, images: np.ndarray, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(total [B], Σ_i w_i · term i's column credit [B, W]); see ``column_scores``."""
+        check_batch(images, prompts)
+        total = np.zeros(len(prompts), dtype=np.float64)
+        maps = np.zeros(images.shape[:1] + images.shape[2:3], dtype=np.float64)
+        for r, w in self.terms:
+            scores, cols = column_scores(r, images, prompts)
+            total += w * scores.astype(np.float64)
+            maps += w * cols.astype(np.float64)
+        return total.astype(np.float32), maps.astype(np.float32)
 
     def __repr__(self) -> str:
         return f"WeightedSum({self.name!r})"

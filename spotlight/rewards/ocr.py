@@ -15,6 +15,15 @@ lower-cased and stripped of all whitespace — so case and spaces never count; s
 n) / n with d the Levenshtein distance between them and n the target's length: 1 is an exact read,
 0 a read no closer than n edits. A prompt without quoted text is a ConfigError (one line).
 
+**Where the text is right** (``columns``): besides the score, a per-column credit map [B, W] for
+advantage maps (``grpo.awm_credit = "columns"``). On a line image each character read sits at its
+CTC frame's column (PP-OCR's own word-box positions, ``return_word_box``); the edit alignment that
+gives the score marks each read character 1 (it is the target's letter there) or 0 (a wrong or an
+extra letter); every column within half a letter spacing of a read character gets that mark, and
+the rest of the image — and every column of an image read in full mode or read as nothing — gets
+the image's score. So a sample whose second letter is wrong is told so at that letter, not across
+the word.
+
 Scoring runs in the reward's own thread pool (onnxruntime releases the GIL): ``__call__`` splits the
 batch over it and waits; ``score_async`` awaits the same work without blocking the event loop.
 Knows numpy and the OCR wheel; nothing of models or actors.
@@ -34,7 +43,8 @@ from spotlight.data.text import quoted_text
 from spotlight.errors import ConfigError
 from spotlight.rewards.base import check_batch
 
-__all__ = ["OcrConfig", "OcrReward", "edit_distance", "normalize_text", "text_score"]
+__all__ = ["OcrConfig", "OcrReward", "aligned_marks", "column_credit", "edit_distance", "normalize_text",
+           "text_score"]
 
 MODES = ("auto", "line", "full")
 LINE_ASPECT = 2.5  # auto: an image this much wider than tall is read as one line
@@ -84,6 +94,54 @@ def text_score(read: str, target: str) -> float:
     return 1.0 - min(edit_distance(read, target), len(target)) / len(target)
 
 
+def aligned_marks(read: str, target: str) -> list[int]:
+    """Per character of ``read``: 1 when a minimum edit alignment of ``read`` to ``target`` matches
+    it to the same character of the target, 0 when it substitutes one or is inserted. (Texts as
+    compared: normalise both first.)"""
+    n, m = len(target), len(read)
+    d = [[i + j if i == 0 or j == 0 else 0 for j in range(m + 1)] for i in range(n + 1)]
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (target[i - 1] != read[j - 1]))
+    marks = [0] * m
+    i, j = n, m
+    while i > 0 and j > 0:
+        if d[i][j] == d[i - 1][j - 1] + (target[i - 1] != read[j - 1]):
+            marks[j - 1] = int(target[i - 1] == read[j - 1])
+            i, j = i - 1, j - 1
+        elif d[i][j] == d[i][j - 1] + 1:
+            j -= 1  # read[j - 1] is an extra character: mark 0
+        else:
+            i -= 1  # a target letter never read: it has no column, the image's score covers it
+    return marks
+
+
+def column_credit(read: str, xs: list[float], target: str, width: int) -> np.ndarray:
+    """float32 [width]: the credit map of one line image (module docstring). ``read`` is the text
+    as recognised, ``xs`` the column of each of its characters (same length)."""
+    if len(xs) != len(read):
+        raise ValueError(f"{len(read)} characters read but {len(xs)} positions")
+    chars, at = [], []
+    for ch, x in zip(read, xs):  # normalise per character, keeping each one's column
+        for c in normalize_text(ch):
+            chars.append(c)
+            at.append(float(x))
+    score = text_score(read, target)
+    out = np.full(width, score, dtype=np.float32)
+    if not chars:
+        return out
+    marks = aligned_marks("".join(chars), normalize_text(target))
+    at_arr = np.asarray(at)
+    gaps = np.diff(np.sort(at_arr))
+    reach = float(np.median(gaps)) / 2 if len(gaps) and np.median(gaps) > 0 else width / (2 * len(target))
+    cols = np.arange(width) + 0.5
+    dist = np.abs(cols[:, None] - at_arr[None, :])  # [width, chars]
+    nearest = dist.argmin(1)
+    near = dist[np.arange(width), nearest] <= reach
+    out[near] = np.asarray(marks, dtype=np.float32)[nearest[near]]
+    return out
+
+
 _ENGINE_LOCK = threading.Lock()
 _ENGINE = None
 
@@ -120,20 +178,28 @@ class OcrReward:
     def read(self, images: np.ndarray) -> list[str]:
         """The text read in each uint8 [H, W, 3] image, as recognised (``text_score`` normalises it),
         in the pool, in order."""
-        return [t for f in self._submit(images) for t in f.result()]
+        return [t for f in self._submit(images) for t, _ in f.result()]
 
-    def _read_slice(self, images: np.ndarray) -> list[str]:
+    def _read_slice(self, images: np.ndarray) -> list[tuple[str, list[float] | None]]:
+        """(text, the column of each of its characters) per image; None for full-mode reads."""
         engine = _engine()
         bgr = [np.ascontiguousarray(img[:, :, ::-1]) for img in images]  # the engine expects BGR
         lines = [i for i, img in enumerate(images) if self._is_line(img)]
-        out = [""] * len(images)
+        out: list[tuple[str, list[float] | None]] = [("", None)] * len(images)
         if lines:
-            recognised, _ = engine.text_rec([bgr[i] for i in lines])
-            for i, (text, conf) in zip(lines, recognised):
-                out[i] = text if conf > self.config.min_confidence else ""
+            recognised, _ = engine.text_rec([bgr[i] for i in lines], return_word_box=True)
+            for i, (text, conf, boxes) in zip(lines, recognised):
+                if conf <= self.config.min_confidence:
+                    out[i] = ("", [])
+                    continue
+                # boxes: [CTC frames over the image, words, each word's frame per character, ...];
+                # a character's frame f covers columns from f·W/frames; its centre is ~one frame on
+                frames, width = float(boxes[0]), images[i].shape[1]
+                xs = [(f + 1.0) * width / frames for word in boxes[2] for f in word]
+                out[i] = (text, xs if len(xs) == len(text) else None)
         for i in sorted(set(range(len(images))) - set(lines)):
             found, _ = engine(bgr[i], use_det=True, use_cls=False, use_rec=True)
-            out[i] = "".join(t for _, t, c in (found or []) if float(c) > self.config.min_confidence)
+            out[i] = ("".join(t for _, t, c in (found or []) if float(c) > self.config.min_confidence), None)
         return out
 
     def _is_line(self, img: np.ndarray) -> bool:
@@ -157,7 +223,25 @@ class OcrReward:
         """As ``__call__``, awaited: the event loop keeps running while the pool reads."""
         targets = self._targets(images, prompts)
         parts = await asyncio.gather(*(asyncio.wrap_future(f) for f in self._submit(images)))
-        return self._scores([t for p in parts for t in p], targets)
+        return self._scores([t for p in parts for t, _ in p], targets)
+
+    def columns(self, images: np.ndarray, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(scores float32 [B], per-column credit float32 [B, W]); see the module docstring."""
+        targets = self._targets(images, prompts)
+        return self._columns([r for f in self._submit(images) for r in f.result()], targets, images.shape[2])
+
+    async def columns_async(self, images: np.ndarray, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """As ``columns``, awaited."""
+        targets = self._targets(images, prompts)
+        parts = await asyncio.gather(*(asyncio.wrap_future(f) for f in self._submit(images)))
+        return self._columns([r for p in parts for r in p], targets, images.shape[2])
+
+    def _columns(self, reads, targets: list[str], width: int) -> tuple[np.ndarray, np.ndarray]:
+        scores = self._scores([t for t, _ in reads], targets)
+        maps = np.empty((len(targets), width), dtype=np.float32)
+        for k, ((text, xs), target) in enumerate(zip(reads, targets)):
+            maps[k] = scores[k] if xs is None else column_credit(text, xs, target, width)
+        return scores, maps
 
     @staticmethod
     def _targets(images: np.ndarray, prompts: list[str]) -> list[str]:

@@ -61,7 +61,7 @@ def test_batches_in_flight_at_once_each_at_its_version(tmp_path, monkeypatch):
         assert got.rewards == want.rewards and got.model_calls == want.model_calls  # the stale version's bits
     (got,), (want,) = groups, ref1.rollout("ref", rollout_jobs).result()
     assert (got.prompt, got.seeds) == (want.prompt, want.seeds)
-    for name in ("latents", "log_probs", "rewards"):
+    for name in ("latents", "log_probs", "rewards", "credit"):  # credit: through the store as well
         assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 

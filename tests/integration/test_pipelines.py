@@ -372,7 +372,10 @@ def test_a_worker_s_awaited_ocr_score_reads_the_decoded_images(tiny_pipeline_dir
         run.step()
     assert run.images().shape == (2, SIZE, SIZE, 3)  # decoded pixels, not [2, C, h, w] latents
     reward = make_reward("ocr", mode="full", threads=1)
-    np.testing.assert_array_equal(asyncio.run(run.rewards_async(reward)), run.rewards(reward))
+    (a, a_map), (b, b_map) = asyncio.run(run.scores_async(reward)), run.scores(reward)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a_map, b_map)
+    np.testing.assert_array_equal(a_map, np.repeat(a[:, None], SIZE, 1))  # full mode: no columns
 
 
 def test_qwen_image_recipe_takes_the_ocr_reward(tiny_pipeline_dir):

@@ -156,3 +156,15 @@ def test_two_ranks_on_nccl_equal_one(tiny_pipeline_dir, tmp_path):
     moved = max(float(v.abs().max()) for k, v in one.items() if "lora_B" in k)
     assert moved > 5e-5
     assert _max_diff(one, two) < 1e-2 * moved  # GPU kernels: reduction order differs by rank count
+
+
+def test_column_credit_two_ranks_equal_one(tmp_path):
+    """The OCR task's per-column credit (`grpo.awm_credit = "columns"`) reaches every rank: rank 1's
+    share trains on the same maps as one rank does (without them it would fall back to the
+    rewards, and the weights would differ)."""
+    more = ["grpo.ema_decay=0.0", "grpo.lr=1e-3", "grpo.warmup_iterations=0", 'grpo.awm_credit="columns"',
+            "reward.threads=1"]
+    one, _ = _run("ocr", tmp_path, 1, *more)
+    two, _ = _run("ocr", tmp_path, 2, *more)
+    flat, _ = _run("ocr", tmp_path, 1, *more[:-2], "reward.threads=1")  # per-sample advantages
+    assert _max_diff(one, two) < 1e-3 * _max_diff(one, flat), (_max_diff(one, two), _max_diff(one, flat))

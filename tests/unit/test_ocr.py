@@ -95,6 +95,48 @@ def test_async_matches_sync_and_weighted(reward):
     assert np.allclose(combo(img, prompts), sync)
 
 
+def test_column_credit_says_which_letters_are_right(reward):
+    """The map marks each read letter where it stands: 1 on the right ones, 0 on a wrong or an
+    extra one, the image's score elsewhere; async, weighted and full mode agree with it."""
+    words = ["BOG", "SPOTS", "GARDEN"]  # read for BUG (O wrong), SPOT (an extra S), GARDEN
+    img, prompts = _batch(words), _prompts(["BUG", "SPOT", "GARDEN"])
+    scores, maps = reward.columns(img, prompts)
+    assert np.array_equal(scores, reward(img, prompts)) and maps.shape == (3, 64)
+    cell = 64 / text_task.MAX_LETTERS
+    def at(word, i):  # the column at the centre of letter i of a rendered word
+        return int((64 - cell * len(word)) / 2 + cell * (i + 0.5))
+    assert [maps[0, at("BOG", i)] for i in range(3)] == [1.0, 0.0, 1.0]
+    assert [maps[1, at("SPOTS", i)] for i in range(5)] == [1.0, 1.0, 1.0, 1.0, 0.0]
+    assert maps[1, 0] == pytest.approx(0.75) and maps[1, 63] == pytest.approx(0.75)  # away from letters
+    assert (maps[2] == 1.0).all()
+    a_scores, a_maps = asyncio.run(reward.columns_async(img, prompts))
+    assert np.array_equal(a_scores, scores) and np.array_equal(a_maps, maps)
+    combo = make_reward("weighted", terms=[{"name": "ocr", "weight": 2.0}, {"name": "jpeg", "weight": 0.0}])
+    assert np.allclose(combo.columns(img, prompts)[1], 2 * maps)
+    assert (reward.columns(np.full_like(img, 255), prompts)[1] == 0).all()  # nothing read: the score
+
+
+def test_column_advantages_weight_letters_not_words():
+    from spotlight.policy.grpo import GRPOConfig, advantages, column_advantages
+
+    rewards = torch.tensor([1.0, 0.5, 0.5, 0.0])
+    flat = rewards[:, None].expand(-1, 8)
+    assert torch.allclose(column_advantages(flat, 4), advantages(rewards)[:, None].expand(-1, 4), atol=1e-5)
+    credit = torch.tensor([[1.0] * 4 + [1.0] * 4,  # both letters right
+                           [1.0] * 4 + [0.0] * 4,  # the second wrong
+                           [0.0] * 4 + [1.0] * 4,  # the first wrong
+                           [1.0] * 4 + [1.0] * 4])
+    adv = column_advantages(credit, 8)
+    assert (adv[1, 4:] < 0).all() and (adv[1, :4] > 0).all()  # pushed off its wrong letter only
+    assert (adv[2, :4] < 0).all() and (adv[2, 4:] > 0).all()
+    assert torch.allclose(adv.sum(0), torch.zeros(8), atol=1e-6)
+    assert (column_advantages(torch.ones(4, 8), 8) == 0).all()
+    with pytest.raises(ConfigError, match="awm_credit"):
+        GRPOConfig(awm_credit="pixels")
+    with pytest.raises(ConfigError, match="needs objective 'awm'"):
+        GRPOConfig(objective="grpo", awm_credit="columns")
+
+
 def test_full_image_mode_detects_then_reads(reward):
     from PIL import Image
 

@@ -141,7 +141,7 @@ class RuntimeExecutor:
             keys = [r.key for r in results]
             trajs = [t for t, _ in await asyncio.gather(*(self.store.get(k) for k in keys))]
             groups = [
-                work.group(job, t["latents"], t["log_probs"], t["rewards"])
+                work.group(job, t["latents"], t["log_probs"], t["rewards"], t.get("credit"))
                 for job, t in zip(jobs, trajs, strict=True)
             ]
             self._free(keys)

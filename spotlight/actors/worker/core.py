@@ -15,8 +15,9 @@ A re-delivered request (attempt > 1, or a reported committed step) resumes from 
 commit made with the same weights and seeds; the sampler's counter-based noise makes the result
 bit-identical to an uninterrupted run. At the end it scores the sample and seals the final commit
 as the trajectory under ``traj/<request_id>`` (latents [K+1, G, C, H, W], log_probs [K, G], rewards
-[G]); the ``RolloutResult`` names that key. With ``runtime.step_commits = false`` (the naive_spot
-baseline) only the last step is committed, so a preempted request starts over elsewhere.
+[G], the rewards' per-column credit [G, W]); the ``RolloutResult`` names that key. With
+``runtime.step_commits = false`` (the naive_spot baseline) only the last step is committed, so a
+preempted request starts over elsewhere.
 
 In a sequence-parallel group (``WorkerRun.group``, ``runtime.sp_degree`` > 1) the same rollout runs
 on every rank with the DiT parallelized over the group's communicator
@@ -386,14 +387,15 @@ class WorkerCore:
             return m.RolloutResult(key=trajectory_key(rid), nbytes=0, rewards=[],
                                    resumed_from=rollout.resumed_from, compute_s=compute_s)
         t0 = time.perf_counter()
-        rewards = await rollout.rewards_async(self.reward)
+        rewards, credit = await rollout.scores_async(self.reward)
         compute_s += time.perf_counter() - t0
         key = trajectory_key(rid)
         # The final commit becomes the trajectory in the store: nothing is sent twice.
         await self.store.seal_commit(
-            rid, rollout.state.step, key, {"rewards": rewards}, {**meta, "attempt": lease.attempt}
+            rid, rollout.state.step, key, {"rewards": rewards, "credit": credit},
+            {**meta, "attempt": lease.attempt},
         )
-        nbytes = sum(x.nbytes for x in (*rollout.state.latents, *rollout.state.log_probs)) + rewards.nbytes
+        nbytes = sum(x.nbytes for x in (*rollout.state.latents, *rollout.state.log_probs, rewards, credit))
         return m.RolloutResult(
             key=key,
             nbytes=nbytes,
