@@ -32,7 +32,7 @@ from spotlight.comm.messages import ExploreWork, RolloutWork
 from spotlight.policy.caching import StepCache, step_cache
 from spotlight.policy.grpo import Group, add_lora
 from spotlight.policy.sampler import RolloutState, SamplerConfig, sample_policy, sde_advance, start, to_images
-from spotlight.rewards.base import column_scores, to_uint8_images
+from spotlight.rewards.base import column_scores, flat_columns, to_uint8_images
 
 
 def batch_name(iteration: int, phase: str) -> str:
@@ -159,7 +159,7 @@ class Rollout:
         if score is None:
             return self.scores(reward)
         scores = np.asarray(await score(images, self.prompts), dtype=np.float32)
-        return scores, np.repeat(scores[:, None], images.shape[2], axis=1)
+        return scores, flat_columns(scores, images.shape[2])
 
 
 def rollout(model, job: RolloutWork, sampler: SamplerConfig, reward, shape) -> Group:

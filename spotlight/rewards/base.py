@@ -42,6 +42,7 @@ __all__ = [
     "check_batch",
     "check_scores",
     "column_scores",
+    "flat_columns",
     "known_rewards",
     "make_reward",
     "register_reward",
@@ -74,9 +75,14 @@ def column_scores(reward, images: np.ndarray, prompts: list[str]) -> tuple[np.nd
     fn = getattr(reward, "columns", None)
     if fn is None:
         scores = check_scores(reward(images, prompts), len(prompts), reward.name)
-        return scores, np.repeat(scores[:, None], images.shape[2], axis=1)
+        return scores, flat_columns(scores, images.shape[2])
     scores, maps = fn(images, prompts)
     return check_scores(scores, len(prompts), reward.name), _check_columns(maps, images, reward.name)
+
+
+def flat_columns(scores: np.ndarray, width: int) -> np.ndarray:
+    """The credit map of a reward that does not say where: each image's score at every column."""
+    return np.repeat(np.asarray(scores, dtype=np.float32)[:, None], width, axis=1)
 
 
 def _check_columns(maps, images: np.ndarray, name: str) -> np.ndarray:

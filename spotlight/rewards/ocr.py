@@ -75,15 +75,18 @@ def normalize_text(text: str) -> str:
     return "".join(unicodedata.normalize("NFKC", text).lower().split())
 
 
+def _edit_table(a: str, b: str) -> list[list[int]]:
+    """Levenshtein DP table: [i][j] = the distance between a[:i] and b[:j]."""
+    d = [[i + j if i == 0 or j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+    return d
+
+
 def edit_distance(a: str, b: str) -> int:
     """Levenshtein distance (insertions, deletions, substitutions of one character each)."""
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
+    return _edit_table(a, b)[-1][-1]
 
 
 def text_score(read: str, target: str) -> float:
@@ -99,10 +102,7 @@ def aligned_marks(read: str, target: str) -> list[int]:
     it to the same character of the target, 0 when it substitutes one or is inserted. (Texts as
     compared: normalise both first.)"""
     n, m = len(target), len(read)
-    d = [[i + j if i == 0 or j == 0 else 0 for j in range(m + 1)] for i in range(n + 1)]
-    for i in range(1, n + 1):
-        for j in range(1, m + 1):
-            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (target[i - 1] != read[j - 1]))
+    d = _edit_table(target, read)
     marks = [0] * m
     i, j = n, m
     while i > 0 and j > 0:
@@ -116,9 +116,12 @@ def aligned_marks(read: str, target: str) -> list[int]:
     return marks
 
 
-def column_credit(read: str, xs: list[float], target: str, width: int) -> np.ndarray:
+def column_credit(
+    read: str, xs: list[float], target: str, width: int, score: float | None = None
+) -> np.ndarray:
     """float32 [width]: the credit map of one line image (module docstring). ``read`` is the text
-    as recognised, ``xs`` the column of each of its characters (same length)."""
+    as recognised, ``xs`` the column of each of its characters (same length); ``score`` its
+    ``text_score`` when the caller has it."""
     if len(xs) != len(read):
         raise ValueError(f"{len(read)} characters read but {len(xs)} positions")
     chars, at = [], []
@@ -126,8 +129,7 @@ def column_credit(read: str, xs: list[float], target: str, width: int) -> np.nda
         for c in normalize_text(ch):
             chars.append(c)
             at.append(float(x))
-    score = text_score(read, target)
-    out = np.full(width, score, dtype=np.float32)
+    out = np.full(width, text_score(read, target) if score is None else score, dtype=np.float32)
     if not chars:
         return out
     marks = aligned_marks("".join(chars), normalize_text(target))
@@ -240,7 +242,7 @@ class OcrReward:
         scores = self._scores([t for t, _ in reads], targets)
         maps = np.empty((len(targets), width), dtype=np.float32)
         for k, ((text, xs), target) in enumerate(zip(reads, targets)):
-            maps[k] = scores[k] if xs is None else column_credit(text, xs, target, width)
+            maps[k] = scores[k] if xs is None else column_credit(text, xs, target, width, float(scores[k]))
         return scores, maps
 
     @staticmethod
