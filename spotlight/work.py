@@ -32,7 +32,7 @@ from spotlight.comm.messages import ExploreWork, RolloutWork
 from spotlight.policy.caching import StepCache, step_cache
 from spotlight.policy.grpo import Group, add_lora
 from spotlight.policy.sampler import RolloutState, SamplerConfig, sample_policy, sde_advance, start, to_images
-from spotlight.rewards.base import column_scores, flat_columns, to_uint8_images
+from spotlight.rewards.base import column_scores, column_scores_async, to_uint8_images
 
 
 def batch_name(iteration: int, phase: str) -> str:
@@ -147,19 +147,9 @@ class Rollout:
         return column_scores(reward, self.images(), self.prompts)
 
     async def scores_async(self, reward) -> tuple[np.ndarray, np.ndarray]:
-        """``scores``, awaited: a reward with ``columns_async`` or ``score_async`` (its own thread
-        pool: ocr) scores while the caller's event loop keeps running; any other reward is called
-        as ``scores`` calls it."""
-        images = self.images()
-        columns = getattr(reward, "columns_async", None)
-        if columns is not None:
-            scores, maps = await columns(images, self.prompts)
-            return np.asarray(scores, dtype=np.float32), np.asarray(maps, dtype=np.float32)
-        score = getattr(reward, "score_async", None)
-        if score is None:
-            return self.scores(reward)
-        scores = np.asarray(await score(images, self.prompts), dtype=np.float32)
-        return scores, flat_columns(scores, images.shape[2])
+        """``scores``, awaited (``column_scores_async``): a reward with its own thread pool (ocr)
+        scores while the caller's event loop keeps running."""
+        return await column_scores_async(reward, self.images(), self.prompts)
 
 
 def rollout(model, job: RolloutWork, sampler: SamplerConfig, reward, shape) -> Group:

@@ -80,6 +80,23 @@ def column_scores(reward, images: np.ndarray, prompts: list[str]) -> tuple[np.nd
     return check_scores(scores, len(prompts), reward.name), _check_columns(maps, images, reward.name)
 
 
+async def column_scores_async(
+    reward, images: np.ndarray, prompts: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``column_scores``, awaited, with the same checks: a reward with ``columns_async`` or
+    ``score_async`` (its own thread pool: ocr) scores while the caller's event loop keeps running;
+    any other reward is called as ``column_scores`` calls it."""
+    columns = getattr(reward, "columns_async", None)
+    if columns is not None:
+        scores, maps = await columns(images, prompts)
+        return check_scores(scores, len(prompts), reward.name), _check_columns(maps, images, reward.name)
+    score = getattr(reward, "score_async", None)
+    if score is None:
+        return column_scores(reward, images, prompts)
+    scores = check_scores(await score(images, prompts), len(prompts), reward.name)
+    return scores, flat_columns(scores, images.shape[2])
+
+
 def flat_columns(scores: np.ndarray, width: int) -> np.ndarray:
     """The credit map of a reward that does not say where: each image's score at every column."""
     return np.repeat(np.asarray(scores, dtype=np.float32)[:, None], width, axis=1)

@@ -150,6 +150,37 @@ def test_weighted_sum_rejects_bad_scores() -> None:
         WeightedSum([(Const(float("inf")), 1.0)])(FLAT, PROMPTS)
 
 
+def test_column_scores_awaited_are_checked_as_called() -> None:
+    """The async path (a worker's event loop) gives what the sync path gives, and refuses what it
+    refuses: a map of the wrong shape, a non-finite score — each naming the reward."""
+    import asyncio
+
+    class Async(Const):
+        def __init__(self, value, name, width):
+            super().__init__(value, name)
+            self.width = width
+
+        async def columns_async(self, images, prompts):
+            maps = np.zeros((len(prompts), self.width), np.float32)
+            return np.full(len(prompts), self.value, np.float32), maps
+
+    class Scored(Const):
+        async def score_async(self, images, prompts):
+            return np.full(len(prompts), self.value, np.float32)
+
+    run = asyncio.run
+    scores, maps = run(base.column_scores_async(Async(0.5, "ok", FLAT.shape[2]), FLAT, PROMPTS))
+    assert scores.tolist() == [0.5] * 3 and maps.shape == (3, FLAT.shape[2]) and not maps.any()
+    for reward in (Scored(0.25), Const(0.25)):  # a score alone: its score at every column
+        scores, maps = run(base.column_scores_async(reward, FLAT, PROMPTS))
+        want = base.column_scores(Const(0.25), FLAT, PROMPTS)
+        assert np.array_equal(scores, want[0]) and np.array_equal(maps, want[1])
+    with pytest.raises(ValueError, match=r"'narrow' returned columns of shape \[3, 5\]"):
+        run(base.column_scores_async(Async(0.5, "narrow", 5), FLAT, PROMPTS))
+    with pytest.raises(ValueError, match="'nan' returned non-finite"):
+        run(base.column_scores_async(Scored(float("nan"), "nan"), FLAT, PROMPTS))
+
+
 def test_check_batch() -> None:
     check_batch(FLAT, PROMPTS)
     with pytest.raises(ValueError, match="uint8"):
