@@ -40,14 +40,23 @@ from spotlight.rewards.ocr import aligned_marks, normalize_text  # noqa: E402
 SEED0 = 1000  # the samples' seeds: SEED0 .. SEED0 + samples - 1, for every word and checkpoint
 
 
+def label(checkpoint: str) -> str:
+    """A checkpoint's name in the tables: ``builtin:...`` as given, a run's file as ``run/iter_NNNN``."""
+    if checkpoint.startswith("builtin:"):
+        return checkpoint
+    path = Path(checkpoint)
+    return f"{path.parent.parent.name}/{path.name.removesuffix('.safetensors')}"
+
+
 def letter_rates(model, recipe, reward, prompts: list[str], samples: int) -> list[tuple[str, np.ndarray]]:
     """(word, share of the samples with each of its letters right) per prompt."""
     shape, out = work.image_shape(recipe), []
     seeds = list(range(SEED0, SEED0 + samples))
     for p in prompts:
         reads = reward.read(to_uint8_images(sample_ode(model, [p] * samples, seeds, recipe.sampler, shape)))
-        word = normalize_text(quoted_text(p))
-        out.append((quoted_text(p), np.mean([aligned_marks(word, normalize_text(r)) for r in reads], axis=0)))
+        word = quoted_text(p)
+        marks = [aligned_marks(normalize_text(word), normalize_text(r)) for r in reads]
+        out.append((word, np.mean(marks, axis=0)))
     return out
 
 
@@ -68,7 +77,7 @@ def main() -> None:
             r = np.concatenate([rate for _, rate in per_word])
             split = (f"{(r == 0).sum()} / {((r > 0) & (r < 0.1)).sum()} / {((r >= 0.1) & (r < 0.5)).sum()} / "
                      f"{(r >= 0.5).sum()} of {len(r)}")
-            rows.append((f"{Path(ckpt).name} {name}", split, f"{r.mean():.3f}"))
+            rows.append((f"{label(ckpt)} {name}", split, f"{r.mean():.3f}"))
             if name == "held-out":
                 words[ckpt] = per_word
         reward.close()
@@ -76,7 +85,7 @@ def main() -> None:
     print_rows(rows, header=("checkpoint, words", "letters never / under 10% / 10-50% / 50%+ right",
                              "mean share right"))
     print()
-    print("| held-out word | " + " | ".join(Path(c).name for c in args.checkpoints) + " |")
+    print("| held-out word | " + " | ".join(label(c) for c in args.checkpoints) + " |")
     print("| --- | " + " | ".join("---" for _ in args.checkpoints) + " |")
     for i, (word, _) in enumerate(next(iter(words.values()))):
         cells = [" ".join(f"{ch}:{rate:.2f}" for ch, rate in zip(word, words[c][i][1]))

@@ -74,10 +74,8 @@ def column_scores(reward, images: np.ndarray, prompts: list[str]) -> tuple[np.nd
     ``WeightedSum`` weighs its terms' maps."""
     fn = getattr(reward, "columns", None)
     if fn is None:
-        scores = check_scores(reward(images, prompts), len(prompts), reward.name)
-        return scores, flat_columns(scores, images.shape[2])
-    scores, maps = fn(images, prompts)
-    return check_scores(scores, len(prompts), reward.name), _check_columns(maps, images, reward.name)
+        return _checked(reward, images, reward(images, prompts))
+    return _checked(reward, images, *fn(images, prompts))
 
 
 async def column_scores_async(
@@ -88,18 +86,24 @@ async def column_scores_async(
     any other reward is called as ``column_scores`` calls it."""
     columns = getattr(reward, "columns_async", None)
     if columns is not None:
-        scores, maps = await columns(images, prompts)
-        return check_scores(scores, len(prompts), reward.name), _check_columns(maps, images, reward.name)
+        return _checked(reward, images, *await columns(images, prompts))
     score = getattr(reward, "score_async", None)
     if score is None:
         return column_scores(reward, images, prompts)
-    scores = check_scores(await score(images, prompts), len(prompts), reward.name)
-    return scores, flat_columns(scores, images.shape[2])
+    return _checked(reward, images, await score(images, prompts))
 
 
 def flat_columns(scores: np.ndarray, width: int) -> np.ndarray:
     """The credit map of a reward that does not say where: each image's score at every column."""
     return np.repeat(np.asarray(scores, dtype=np.float32)[:, None], width, axis=1)
+
+
+def _checked(reward, images: np.ndarray, scores, maps=None) -> tuple[np.ndarray, np.ndarray]:
+    """A reward's (scores, map) as ``column_scores`` returns them, checked; no map: the flat one."""
+    scores = check_scores(scores, images.shape[0], reward.name)
+    if maps is None:
+        return scores, flat_columns(scores, images.shape[2])
+    return scores, _check_columns(maps, images, reward.name)
 
 
 def _check_columns(maps, images: np.ndarray, name: str) -> np.ndarray:
