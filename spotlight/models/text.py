@@ -33,10 +33,15 @@ class WordTokenizer:
     def __len__(self) -> int:
         return len(self.vocabulary) + 2
 
+    def words(self, prompt: str) -> list[str]:
+        """The tokens ``prompt`` becomes, before the cut at ``max_length``: lower-cased words, the
+        quoted text spelled out as ``"c@k`` tokens."""
+        return _QUOTED.sub(_spell, prompt.lower()).split()
+
     def __call__(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.zeros(len(prompts), self.max_length, dtype=torch.long)
         for row, prompt in enumerate(prompts):
-            words = _QUOTED.sub(_spell, prompt.lower()).split()[: self.max_length]
+            words = self.words(prompt)[: self.max_length]
             ids[row, : len(words)] = torch.tensor([self._ids.get(w, self.UNK) for w in words])
         return ids, (ids != self.PAD).long()
 

@@ -89,12 +89,14 @@ def _sends_credit(trainer: GRPOTrainer, groups: list[Group]) -> bool:
 def _send_batch(trainer: GRPOTrainer, groups: list[Group], device) -> None:
     rewards = torch.stack([g.rewards for g in groups]).float()
     dist.broadcast(rewards.to(device), 0)
+    credits = None
+    if _sends_credit(trainer, groups):  # every rank needs every map: they decide which groups train
+        credits = torch.stack([g.credit for g in groups]).float()
+        dist.broadcast(credits.contiguous().to(device), 0)
     for rank in range(1, trainer.world):
-        for gi in trainer.needs(list(rewards), rank):
+        for gi in trainer.needs(list(rewards), rank, None if credits is None else list(credits)):
             dist.send(groups[gi].latents.float().contiguous().to(device), rank)
             dist.send(groups[gi].log_probs.float().contiguous().to(device), rank)
-            if _sends_credit(trainer, groups):
-                dist.send(groups[gi].credit.float().contiguous().to(device), rank)
 
 
 def _recv_batch(trainer: GRPOTrainer, header: dict, device) -> list[Group]:
@@ -102,18 +104,19 @@ def _recv_batch(trainer: GRPOTrainer, header: dict, device) -> list[Group]:
     rewards = torch.empty(len(specs), len(specs[0]["seeds"]), dtype=torch.float32, device=device)
     dist.broadcast(rewards, 0)
     rewards = rewards.cpu()
+    credits = [None] * len(specs)
+    if header.get("credit") is not None:
+        stacked = torch.empty([len(specs), *header["credit"]], dtype=torch.float32, device=device)
+        dist.broadcast(stacked, 0)
+        credits = list(stacked.cpu())
     groups = [Group(prompt=s["prompt"], seeds=s["seeds"], latents=torch.empty(0), log_probs=torch.empty(0),
-                    rewards=r) for s, r in zip(specs, rewards)]
-    for gi in trainer.needs(list(rewards), trainer.rank):
+                    rewards=r, credit=c) for s, r, c in zip(specs, rewards, credits)]
+    for gi in trainer.needs(list(rewards), trainer.rank, credits):
         latents = torch.empty(header["latents"], dtype=torch.float32, device=device)
         log_probs = torch.empty(header["log_probs"], dtype=torch.float32, device=device)
         dist.recv(latents, 0)
         dist.recv(log_probs, 0)
         groups[gi].latents, groups[gi].log_probs = latents.cpu(), log_probs.cpu()
-        if header.get("credit") is not None:
-            credit = torch.empty(header["credit"], dtype=torch.float32, device=device)
-            dist.recv(credit, 0)
-            groups[gi].credit = credit.cpu()
     return groups
 
 

@@ -325,25 +325,34 @@ class GRPOTrainer:
         n = max(1, round(k * self.cfg.timestep_fraction))
         return sorted(random.Random(self.seed * 1_000_003 + self.iteration).sample(range(k), n))
 
-    def plan(self, rewards: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int], list[np.ndarray]]:
-        """Each group's advantages, the groups with a signal (zero-variance groups teach nothing),
-        and those split into the optimizer steps' chunks."""
+    def plan(
+        self, rewards: list[torch.Tensor], credits: list[torch.Tensor | None] | None = None
+    ) -> tuple[list[torch.Tensor], list[int], list[np.ndarray]]:
+        """Each group's advantages, the groups with a signal, and those split into the optimizer
+        steps' chunks. A group has a signal when its rewards differ or — under ``awm_credit =
+        'columns'`` — when its credit maps (``credits``; None for a group without one) differ at some
+        column: samples that score the same with different letters wrong still say which letters
+        are right. A group without either teaches nothing and is left out."""
         cfg = self.cfg
         std = batch_std(rewards) if cfg.adv_norm == "batch" else None
         advs = [advantages(r, cfg.adv_clip, std=std) for r in rewards]
-        live = [i for i, a in enumerate(advs) if a.abs().sum() > 0]
+        maps = credits if cfg.awm_credit == "columns" and credits is not None else [None] * len(rewards)
+        live = [i for i, (a, c) in enumerate(zip(advs, maps))
+                if a.abs().sum() > 0 or (c is not None and bool((c != c[:1]).any()))]
         chunks = [c for c in np.array_split(np.array(live, dtype=int), cfg.updates_per_iteration) if len(c)]
         return advs, live, chunks
 
-    def needs(self, rewards: list[torch.Tensor], rank: int) -> list[int]:
+    def needs(
+        self, rewards: list[torch.Tensor], rank: int, credits: list[torch.Tensor | None] | None = None
+    ) -> list[int]:
         """The groups (sorted indices) whose latents rank `rank` trains on in `update`."""
-        return sorted({gi for c in self.plan(rewards)[2] for gi, _ in share(c, rank, self.world)})
+        return sorted({gi for c in self.plan(rewards, credits)[2] for gi, _ in share(c, rank, self.world)})
 
     def update(self, groups: list[Group]) -> dict[str, float]:
         """One iteration's optimizer steps on `groups`. Sharded, every rank passes every group's
         rewards and the latents and log-probs of the groups it `needs` (the rest may be empty)."""
         cfg, steps = self.cfg, self.train_steps()
-        advs, live, chunks = self.plan([g.rewards for g in groups])
+        advs, live, chunks = self.plan([g.rewards for g in groups], [g.credit for g in groups])
         stats: dict[str, list[float]] = {
             "loss": [],
             "ratio_dev": [],

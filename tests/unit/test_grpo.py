@@ -216,6 +216,17 @@ def test_awm_column_credit_weights_pixels_by_their_column(tiny_model):
     assert not torch.allclose(moved, per_sample, atol=1e-6)
     assert _column_surrogate(model, left) < _column_surrogate(tiny_model, left) - 1e-4
 
+    # every sample scores the same, each with a different letter right: a signal under 'columns' only
+    even = [dataclasses.replace(g, rewards=torch.full_like(g.rewards, 0.5),
+                                credit=torch.eye(len(g.seeds), width))
+            for g in groups]
+    cols = GRPOTrainer(copy.deepcopy(tiny_model), GRPOConfig(objective="awm", awm_credit="columns"), cfg)
+    assert cols.plan([g.rewards for g in even], [g.credit for g in even])[1] == list(range(len(even)))
+    assert cols.plan([g.rewards for g in even])[1] == []  # without the maps: nothing to learn
+    assert cols.update(even)["groups_trained"] == len(even)
+    per = GRPOTrainer(copy.deepcopy(tiny_model), GRPOConfig(objective="awm", awm_credit="sample"), cfg)
+    assert per.update(even)["groups_trained"] == 0.0
+
 
 def _column_surrogate(model, groups):
     """Σ per-column advantage × flow-matching error on fixed (ε, t) draws (what 'columns' lowers)."""

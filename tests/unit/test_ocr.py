@@ -181,6 +181,7 @@ def test_word_lists_and_tokenizer():
     assert int(mask[0].sum()) == 4 + 4 and int(mask[1].sum()) == 2 + 3
     spelled = [tok.vocabulary[i - 2] for i in ids[0, 4:8].tolist()]
     assert spelled == ['"s@-3', '"p@-1', '"o@1', '"t@3']
+    assert tok.words('a sign that says "SPOT"') == ["a", "sign", "that", "says", *spelled]
 
 
 def test_non_square_canvas_through_model_and_sampler():
