@@ -24,6 +24,9 @@ from spotlight.models.text import TextEncoder, WordTokenizer
 SUPPORTED = ("QwenImageTransformer2DModel", "SD3Transformer2DModel", "FluxTransformer2DModel")
 
 
+TEXT_EMBEDDINGS = ("token", "letter_place")
+
+
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     """Which DiT to build or load, and the image space it works in."""
@@ -47,6 +50,10 @@ class ModelConfig:
     head_dim: int = 32
     text_dim: int = 64
     text_layers: int = 2
+    text_embedding: str = "token"
+    """How a fresh text encoder embeds the spelled letters of quoted text (the text task): 'token'
+    (a vector per letter-at-place token) or 'letter_place' (letter + place vectors, shared:
+    `TextEncoder`'s `spelling`). A checkpoint's own encoder is loaded as it was saved."""
     pipeline: str | None = None
     """A diffusers pipeline folder (model_index.json: Qwen-Image, FLUX, SD3) to post-train instead
     of the embedded tiny model: the DiT works in its VAE's latent space (spotlight.pipelines);
@@ -108,6 +115,9 @@ class ModelConfig:
             )
         if self.shape[1] != self.shape[2] and self.dit_class == "SD3Transformer2DModel":
             raise ConfigError("model.image_width: SD3's position grid is square (use Qwen-Image, Flux)")
+        if self.text_embedding not in TEXT_EMBEDDINGS:
+            raise ConfigError(f"model.text_embedding must be one of {', '.join(TEXT_EMBEDDINGS)}, "
+                              f"got {self.text_embedding!r}")
         if self.head_dim % 4:
             raise ConfigError(f"model.head_dim must be a multiple of 4 (RoPE axes), got {self.head_dim}")
 
@@ -352,12 +362,18 @@ def build_model(cfg: ModelConfig, vocabulary, *, merge_lora: bool = True) -> Dif
 
 def _assemble(cfg: ModelConfig, vocabulary, text_cfg: dict | None) -> DiffusionModel:
     tokenizer = WordTokenizer(vocabulary)
-    text_cfg = text_cfg or dict(
-        vocab_size=len(tokenizer),
-        dim=cfg.text_dim,
-        layers=cfg.text_layers,
-        heads=4,
-        max_length=tokenizer.max_length,
-    )
+    if text_cfg is None:
+        text_cfg = dict(
+            vocab_size=len(tokenizer),
+            dim=cfg.text_dim,
+            layers=cfg.text_layers,
+            heads=4,
+            max_length=tokenizer.max_length,
+        )
+        if cfg.text_embedding == "letter_place":
+            if (spelling := tokenizer.spelling()) is None:
+                raise ConfigError("model.text_embedding = 'letter_place' needs spelled letters in the "
+                                  "vocabulary (the text task's); this one has none: use 'token'")
+            text_cfg["spelling"] = spelling
     dit = load_dit(cfg.dit_class, cfg.dit_path) if cfg.dit_path else tiny_dit(cfg)
     return DiffusionModel(cfg, dit, TextEncoder(**text_cfg), tokenizer)

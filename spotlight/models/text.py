@@ -38,6 +38,18 @@ class WordTokenizer:
         quoted text spelled out as ``"c@k`` tokens."""
         return _QUOTED.sub(_spell, prompt.lower()).split()
 
+    def spelling(self) -> dict | None:
+        """The spelled-letter tokens of the vocabulary as `TextEncoder(spelling=...)` takes them:
+        ``{"letters": str, "places": [k, ...], "tokens": [[id, letter index, place index], ...]}``
+        for every ``"c@k`` token; None when the vocabulary spells nothing (the shapes task)."""
+        spelled = [(self._ids[w], w[1], int(w[3:])) for w in self.vocabulary if _SPELLED.fullmatch(w)]
+        if not spelled:
+            return None
+        letters = "".join(sorted({c for _, c, _ in spelled}))
+        places = sorted({k for _, _, k in spelled})
+        tokens = [[i, letters.index(c), places.index(k)] for i, c, k in spelled]
+        return {"letters": letters, "places": places, "tokens": tokens}
+
     def __call__(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.zeros(len(prompts), self.max_length, dtype=torch.long)
         for row, prompt in enumerate(prompts):
@@ -47,6 +59,7 @@ class WordTokenizer:
 
 
 _QUOTED = re.compile(r'"([^"]*)"')
+_SPELLED = re.compile(r'"\S@-?\d+')
 
 
 def _spell(found: re.Match) -> str:
@@ -55,9 +68,18 @@ def _spell(found: re.Match) -> str:
 
 
 class TextEncoder(nn.Module):
-    """Token + position embeddings, then a few pre-norm transformer encoder layers."""
+    """Token + position embeddings, then a few pre-norm transformer encoder layers.
 
-    def __init__(self, vocab_size: int, dim: int = 64, layers: int = 2, heads: int = 4, max_length: int = 12):
+    `spelling` (`WordTokenizer.spelling()`, or None) embeds each spelled-letter token ``"c@k`` as
+    letter(c) + place(k) — one vector per letter shared by every place it stands at, one per place —
+    instead of a vector of its own: a held-out word's letter at a place few training words put it
+    still gets the letter's embedding, which every training word carrying it taught (the text task's
+    held-out words; docs/BENCHMARKS.md, "The letter + place embedding"). The other tokens keep one
+    embedding each. `config` holds the constructor's arguments (`spelling` only when given), so
+    ``TextEncoder(**config)`` rebuilds it: checkpoints and exports store it."""
+
+    def __init__(self, vocab_size: int, dim: int = 64, layers: int = 2, heads: int = 4, max_length: int = 12,
+                 spelling: dict | None = None):
         super().__init__()
         self.config = dict(vocab_size=vocab_size, dim=dim, layers=layers, heads=heads, max_length=max_length)
         self.tokens = nn.Embedding(vocab_size, dim)
@@ -67,8 +89,31 @@ class TextEncoder(nn.Module):
         )
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(dim)
+        self.spelled = spelling is not None
+        if spelling is not None:
+            self.config["spelling"] = spelling
+            table = torch.tensor(spelling["tokens"], dtype=torch.long).reshape(-1, 3)
+            if table.numel() and (table[:, 0].min() < 0 or table[:, 0].max() >= vocab_size):
+                raise ValueError(f"TextEncoder: a spelled token id is not below vocab_size {vocab_size}")
+            letter = torch.full((vocab_size,), -1, dtype=torch.long)
+            place = torch.zeros(vocab_size, dtype=torch.long)
+            letter[table[:, 0]], place[table[:, 0]] = table[:, 1], table[:, 2]
+            # derived from `config`, so not saved with the weights
+            self.register_buffer("letter_of", letter, persistent=False)
+            self.register_buffer("place_of", place, persistent=False)
+            self.letters = nn.Embedding(len(spelling["letters"]), dim)
+            self.places = nn.Embedding(len(spelling["places"]), dim)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The input embedding of each token id [B, L] -> [B, L, dim] (before positions)."""
+        tokens = self.tokens(ids)
+        if not self.spelled:
+            return tokens
+        letter = self.letter_of[ids]
+        spelled = self.letters(letter.clamp(min=0)) + self.places(self.place_of[ids])
+        return torch.where((letter >= 0).unsqueeze(-1), spelled, tokens)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.tokens(ids) + self.positions[: ids.shape[1]]
+        h = self.embed(ids) + self.positions[: ids.shape[1]]
         h = self.encoder(h, src_key_padding_mask=mask == 0)
         return self.norm(h) * mask.unsqueeze(-1)

@@ -246,3 +246,55 @@ def test_text_pretraining_renders_in_worker_processes():
         assert x.shape == (4, 3, 16, 64)
         assert all(text_task.quoted_text(p) in text_task.TRAIN_WORDS for p in prompts)
     assert drawn[0][1] != drawn[1][1]  # two workers, two streams
+
+
+def test_letter_place_embedding_is_shared_and_saved(tmp_path):
+    """`model.text_embedding = 'letter_place'`: a spelled token ``"c@k`` is embedded as letter(c) +
+    place(k), so what a training word teaches its letter reaches the letter at every other place;
+    the checkpoint (and an export) rebuild the same encoder, and the default stays one vector per
+    token."""
+    from spotlight.data.scenes import VOCABULARY as SHAPES
+    from spotlight.export import export, load_export
+
+    tok = WordTokenizer(text_task.VOCABULARY)
+    spelling = tok.spelling()
+    assert WordTokenizer(SHAPES).spelling() is None
+    assert len(spelling["tokens"]) == sum(w.startswith('"') for w in text_task.VOCABULARY)
+    assert spelling["letters"] == "".join(sorted(c.lower() for c in text_task.LETTERS))
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(checkpoint=None, image_size=16, image_width=64, layers=1, heads=2, head_dim=16,
+                      text_layers=1, text_embedding="letter_place")
+    model = build_model(cfg, text_task.VOCABULARY)
+    def id_of(w: str) -> int:  # ids 0 and 1 are pad and unknown
+        return 2 + tok.vocabulary.index(w)
+
+    ids = torch.tensor([[id_of(w) for w in ('"a@-1', '"a@1', '"b@-1', '"b@1', "word")]])
+    e = model.text.embed(ids)[0].detach()
+    assert torch.allclose(e[0] - e[1], e[2] - e[3])  # a place is the same shift for every letter
+    assert torch.equal(e[4], model.text.tokens.weight[ids[0, 4]].detach())  # other words: their own
+
+    # a training word's gradient reaches its letters (shared), not the per-token rows
+    model.encode(['the word "CAT"'])[0].square().sum().backward()
+    c = spelling["letters"].index("c")
+    assert model.text.letters.weight.grad[c].abs().sum() > 0
+    assert model.text.tokens.weight.grad[id_of('"c@-2')].abs().sum() == 0
+    model.zero_grad()
+
+    prompts = ['the word "ZEBRA"', 'a sign that says "OWL"']
+    with torch.no_grad():
+        expected = model.encode(prompts)[0]
+    model.save(tmp_path / "m.safetensors")
+    again = build_model(ModelConfig(checkpoint=str(tmp_path / "m.safetensors")), [])
+    assert again.cfg.text_embedding == "letter_place" and again.text.config["spelling"] == spelling
+    export(tmp_path / "m.safetensors", tmp_path / "out")
+    with torch.no_grad():
+        assert torch.equal(again.encode(prompts)[0], expected)
+        assert torch.equal(load_export(tmp_path / "out").encode(prompts)[0], expected)
+
+    plain = build_model(ModelConfig(checkpoint=None, layers=1, heads=2, head_dim=16), text_task.VOCABULARY)
+    assert "spelling" not in plain.text.config and not hasattr(plain.text, "letters")
+    with pytest.raises(ConfigError, match="model.text_embedding must be one of"):
+        ModelConfig(checkpoint=None, text_embedding="letters")
+    with pytest.raises(ConfigError, match="spelled letters"):
+        build_model(ModelConfig(checkpoint=None, text_embedding="letter_place"), SHAPES)
