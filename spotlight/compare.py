@@ -14,8 +14,9 @@ A *system* is a recipe file of ``spotlight/recipes`` (``SYSTEMS``) whose own tab
 Each (system, seed) is judged by a real RL run on the task, in process, evaluated by the ODE sampler
 on held-out prompts every ``eval_every`` iterations (the metrics' ``eval`` records). Systems whose
 merged recipes agree on everything learning reads (``learning_key``: the model, sampler, GRPO,
-exploration and reward sections and the run's prompts, batch shape, seed and evaluation; the
-runtime, spot and sim sections and the run's bookkeeping left out; an ``explore.schedule = "off"``
+exploration and reward sections, the content of the model's checkpoint file, and the run's
+prompts, batch shape, seed and evaluation; the runtime, spot and sim sections and the run's
+bookkeeping left out; an ``explore.schedule = "off"``
 exploration table reduced to that) share one learning run per seed — the runtime's results are
 bit-identical to in-process (tests/integration/test_runtime_equivalence.py) — and the report says
 which shared. A learning run whose folder already holds a finished run of the same recipe is
@@ -51,6 +52,7 @@ and ``compare.html`` (``spotlight.compare_report``); ``learning/`` and ``sim/`` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -196,9 +198,30 @@ def learning_key(recipe: Recipe) -> str:
     d = recipe.to_dict()
     out = {k: d[k] for k in _LEARNING_SECTIONS}
     out["run"] = {k: v for k, v in out["run"].items() if k not in _BOOKKEEPING}
+    if recipe.model.pipeline is None and recipe.model.checkpoint is not None:
+        # a base re-pretrained into the same path (a new builtin:ocr_base) is another learning run
+        out["model"] = {**out["model"], "checkpoint_sha256": checkpoint_digest(recipe.model.checkpoint)}
     if out["explore"]["schedule"] == "off":
         out["explore"] = {"schedule": "off"}
     return json.dumps(out, sort_keys=True)
+
+
+def checkpoint_digest(checkpoint: str) -> str:
+    """sha256 of the file a ``model.checkpoint`` names ('builtin:…' resolved); NotFound if none."""
+    from spotlight.models.dit import resolve_checkpoint
+
+    path = Path(resolve_checkpoint(checkpoint)).resolve()
+    st = path.stat()
+    return _file_digest(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:  # size and mtime: a rewritten file misses
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def is_spot(recipe: Recipe) -> bool:

@@ -2,11 +2,9 @@
 `task = "text"`, on the text task's training words rendered on the model's canvas).
 
     spotlight pretrain --minutes 25 --out spotlight/assets/base.safetensors --seed 0
-    spotlight pretrain --task text --minutes 40 --batch-size 32 --out v1.safetensors \
-        model.image_size=16 model.image_width=64    (the text-rendering base, first stage; then
-    spotlight pretrain --task text --minutes 14 --batch-size 32 --seed 1 --lr 3e-4 --out v2.safetensors \
-        'model.checkpoint="v1.safetensors"' model.image_size=16 model.image_width=64
-    and its 5-minute snapshot v2.5m.safetensors is spotlight/assets/ocr_base.safetensors)
+    spotlight pretrain --task text --minutes 60 --max-steps 2500 --batch-size 32 --seed 0 \
+        --out spotlight/assets/ocr_base.safetensors model.image_size=16 model.image_width=64 \
+        model.text_embedding=letter_place      (the text-rendering base: docs/BENCHMARKS.md)
 
 Trains the tiny DiT and the text encoder jointly on freshly rendered scenes of the whole caption
 grammar, keeps an EMA of the weights, and saves the EMA model as one safetensors file. The base is

@@ -134,3 +134,25 @@ def test_trace_too_short_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="needs .* h for 2 iterations"):
         compare(_config(tmp_path, cluster=short), progress=False)
     assert not (tmp_path / "cmp" / "learning").exists() and not (tmp_path / "cmp" / "base").exists()
+
+
+def test_a_new_base_at_the_same_path_is_another_learning_run(tmp_path):
+    """The learning key holds the checkpoint file's content, so re-pretraining a base into the same
+    path (a new builtin:ocr_base) does not reuse the runs of the old one; a missing file is one line."""
+    import shutil
+
+    from spotlight.compare import learning_key
+    from spotlight.errors import NotFound
+    from spotlight.models.dit import resolve_checkpoint
+    from spotlight.recipe import load_recipe
+
+    ckpt = tmp_path / "base.safetensors"
+    shutil.copy(resolve_checkpoint("builtin:base"), ckpt)
+    recipe = load_recipe("tiny", [f'model.checkpoint="{ckpt}"'])
+    before = learning_key(recipe)
+    assert learning_key(load_recipe("tiny", [f'model.checkpoint="{ckpt}"'])) == before
+    shutil.copy(resolve_checkpoint("builtin:ocr_base"), ckpt)
+    assert learning_key(recipe) != before
+    ckpt.unlink()
+    with pytest.raises(NotFound, match="does not exist"):
+        learning_key(recipe)
