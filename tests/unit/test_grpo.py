@@ -207,7 +207,11 @@ def test_awm_column_credit_weights_pixels_by_their_column(tiny_model):
     _, per_sample = trained("sample", groups)
     flat = [dataclasses.replace(g, credit=g.rewards[:, None].repeat(1, width)) for g in groups]
     for same in (groups, flat):
-        assert torch.allclose(trained("columns", same)[1], per_sample, atol=1e-6)
+        # the same update up to float rounding: the column loss sums the same terms in another
+        # order, and Adam's first step ~lr·sign(g) can turn a near-zero gradient's rounding into a
+        # visible step (2e-6 on 2 of 67k weights seen); another credit moves most weights by ~lr
+        d = (trained("columns", same)[1] - per_sample).abs()
+        assert d.max() < 1e-4 and int((d > 1e-6).sum()) <= 1e-3 * d.numel()
     # credit on the left half only: the right half of every image carries no advantage
     left = [dataclasses.replace(g, credit=torch.cat([g.rewards[:, None].repeat(1, width // 2),
                                                       torch.zeros(len(g.seeds), width - width // 2)], 1))
