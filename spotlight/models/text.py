@@ -89,7 +89,6 @@ class TextEncoder(nn.Module):
         )
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(dim)
-        self.spelled = spelling is not None
         if spelling is not None:
             self.config["spelling"] = spelling
             table = torch.tensor(spelling["tokens"], dtype=torch.long).reshape(-1, 3)
@@ -107,7 +106,7 @@ class TextEncoder(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The input embedding of each token id [B, L] -> [B, L, dim] (before positions)."""
         tokens = self.tokens(ids)
-        if not self.spelled:
+        if "spelling" not in self.config:
             return tokens
         letter = self.letter_of[ids]
         spelled = self.letters(letter.clamp(min=0)) + self.places(self.place_of[ids])
