@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from spotlight.errors import ConfigError
+from spotlight.models.text import spelled_token
 
 MAX_LETTERS = 6
 TEMPLATES = ('a sign that says "{}"', 'the word "{}"', 'a label reading "{}"')
@@ -57,7 +58,7 @@ HELDOUT_WORDS: tuple[str, ...] = tuple(
 LETTERS = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 VOCABULARY: tuple[str, ...] = tuple(
     sorted({w for t in TEMPLATES for w in t.replace('"{}"', "").split()})
-) + tuple(f'"{c.lower()}@{k}' for c in LETTERS for k in range(1 - MAX_LETTERS, MAX_LETTERS))
+) + tuple(spelled_token(c.lower(), k) for c in LETTERS for k in range(1 - MAX_LETTERS, MAX_LETTERS))
 """Tokens of the text task: the template words, then one token per (letter, offset from the word's
 centre in half letters): the word tokenizer spells quoted text as `"s@-3 "p@-1 "o@1 "t@3`, so an
 unseen word is still spelled out, and every (letter, offset) of a held-out word occurs in training

@@ -42,7 +42,7 @@ class WordTokenizer:
         """The spelled-letter tokens of the vocabulary as `TextEncoder(spelling=...)` takes them:
         ``{"letters": str, "places": [k, ...], "tokens": [[id, letter index, place index], ...]}``
         for every ``"c@k`` token; None when the vocabulary spells nothing (the shapes task)."""
-        spelled = [(self._ids[w], w[1], int(w[3:])) for w in self.vocabulary if _SPELLED.fullmatch(w)]
+        spelled = [(self._ids[w], *lp) for w in self.vocabulary if (lp := parse_spelled(w)) is not None]
         if not spelled:
             return None
         letters = "".join(sorted({c for _, c, _ in spelled}))
@@ -58,13 +58,25 @@ class WordTokenizer:
         return ids, (ids != self.PAD).long()
 
 
+def spelled_token(letter: str, place: int) -> str:
+    """The token of quoted text's `letter` at `place` (its offset from the word's centre in half
+    letters): ``"c@k``, the one spelling every vocabulary and the tokenizer use."""
+    return f'"{letter}@{place}'
+
+
+def parse_spelled(token: str) -> tuple[str, int] | None:
+    """(letter, place) of a `spelled_token`; None for any other token."""
+    found = _SPELLED.fullmatch(token)
+    return None if found is None else (found.group(1), int(found.group(2)))
+
+
 _QUOTED = re.compile(r'"([^"]*)"')
-_SPELLED = re.compile(r'"\S@-?\d+')
+_SPELLED = re.compile(r'"(\S)@(-?\d+)')  # spelled_token's inverse
 
 
 def _spell(found: re.Match) -> str:
     letters = [c for c in found.group(1) if not c.isspace()]
-    return " " + " ".join(f'"{c}@{2 * i - (len(letters) - 1)}' for i, c in enumerate(letters)) + " "
+    return " " + " ".join(spelled_token(c, 2 * i - (len(letters) - 1)) for i, c in enumerate(letters)) + " "
 
 
 class TextEncoder(nn.Module):
