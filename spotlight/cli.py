@@ -99,9 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--batch-size", type=int, default=64)
     pre.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
     pre.add_argument("--workers", type=int, default=0, help="rendering processes (default 0: in this one)")
-    pre.add_argument("--task", default="shapes", help="shapes | text (the OCR task's words; default shapes)")
+    pre.add_argument("--task", default="shapes",
+                     help="shapes | text (the OCR words, on a 16x64 letter + place model; default shapes)")
     pre.add_argument("--out", type=Path, default=Path("runs/pretrain/base.safetensors"))
-    pre.add_argument("overrides", nargs="*", help="model.field=value, e.g. model.layers=2")
+    pre.add_argument("overrides", nargs="*", help="model.field=value over the task's, e.g. model.layers=2")
     pre.set_defaults(func=_pretrain)
 
     ev = sub.add_parser(
@@ -247,13 +248,11 @@ def _run(args) -> int:
 
 
 def _pretrain(args) -> int:
-    from spotlight.pretrain import PretrainConfig, pretrain
-    from spotlight.recipe import load_recipe
+    from spotlight.pretrain import PretrainConfig, pretrain, task_model
 
-    model = load_recipe({"model": {"checkpoint": None}}, args.overrides).model
     pretrain(
         PretrainConfig(
-            model=model,
+            model=task_model(args.task, args.overrides),
             minutes=args.minutes,
             max_steps=args.max_steps,
             seed=args.seed,

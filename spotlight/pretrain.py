@@ -3,8 +3,7 @@
 
     spotlight pretrain --minutes 25 --out spotlight/assets/base.safetensors --seed 0
     spotlight pretrain --task text --minutes 60 --max-steps 2500 --batch-size 32 --seed 0 \
-        --out spotlight/assets/ocr_base.safetensors model.image_size=16 model.image_width=64 \
-        model.text_embedding=letter_place      (the text-rendering base: docs/BENCHMARKS.md)
+        --out spotlight/assets/ocr_base.safetensors      (the text-rendering base: docs/BENCHMARKS.md)
 
 Trains the tiny DiT and the text encoder jointly on freshly rendered scenes of the whole caption
 grammar, keeps an EMA of the weights, and saves the EMA model as one safetensors file. The base is
@@ -69,13 +68,34 @@ class PretrainConfig:
             raise ConfigError(f"pretrain.min_lr_fraction must be in (0, 1], got {self.min_lr_fraction}")
         if not 0 <= self.ema_decay < 1:
             raise ConfigError(f"pretrain.ema_decay must be in [0, 1), got {self.ema_decay}")
-        if self.task not in TASKS:
-            raise ConfigError(f"pretrain.task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        _check_task(self.task)
         if self.workers < 0:
             raise ConfigError(f"pretrain.workers must be >= 0, got {self.workers}")
 
 
 TASKS = ("shapes", "text")
+
+def _check_task(task: str) -> None:
+    if task not in TASKS:
+        raise ConfigError(f"pretrain.task must be one of {', '.join(TASKS)}, got {task!r}")
+
+
+TASK_MODELS: dict[str, dict[str, object]] = {
+    "shapes": {},
+    "text": {"image_size": 16, "image_width": 64, "text_embedding": "letter_place"},
+}
+"""The [model] fields each task's shipped base was pretrained with, beyond ModelConfig's defaults
+(text: the `ocr` recipe's 16x64 strip, letters embedded as letter + place vectors)."""
+
+
+def task_model(task: str, overrides: list[str] | None = None) -> ModelConfig:
+    """The model `spotlight pretrain --task TASK` trains from scratch: the task's shipped base's
+    shape (`TASK_MODELS`) with ``overrides`` (``model.field=value``) on top; ConfigError for an
+    unknown task or a bad override."""
+    from spotlight.recipe import load_recipe
+
+    _check_task(task)
+    return load_recipe({"model": {"checkpoint": None, **TASK_MODELS[task]}}, overrides).model
 
 
 def text_batch(rng: random.Random, n: int, height: int, width: int) -> tuple[torch.Tensor, list[str]]:

@@ -231,6 +231,25 @@ def test_rendered_pretraining_set():
         PretrainConfig(task="letters")
 
 
+def test_text_pretraining_defaults_to_the_shipped_bases_model():
+    """`spotlight pretrain --task text` with no model overrides trains the model the `ocr` recipe
+    loads (the 16x64 strip, letter + place); overrides apply on top, the shapes task keeps its
+    square, and an unknown task is one ConfigError line."""
+    from spotlight.pretrain import task_model
+    from spotlight.recipe import load_recipe
+
+    text, shapes = task_model("text"), task_model("shapes")
+    ocr = load_recipe("ocr").model
+    assert (text.image_size, text.image_width, text.text_embedding) == (ocr.image_size, ocr.image_width,
+                                                                         "letter_place")
+    assert text.checkpoint is None
+    assert (shapes.image_size, shapes.image_width, shapes.text_embedding) == (32, 0, "token")
+    wide = task_model("text", ["model.image_width=128", "model.text_embedding=token"])
+    assert (wide.image_size, wide.image_width, wide.text_embedding) == (16, 128, "token")
+    with pytest.raises(ConfigError, match="pretrain.task"):
+        task_model("letters")
+
+
 def test_text_pretraining_renders_in_worker_processes():
     """`pretrain --task text --workers N` renders the training words in N processes ahead of the
     trainer (each its own seeded stream), as the shapes task does."""
