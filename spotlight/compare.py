@@ -21,7 +21,10 @@ exploration table reduced to that) share one learning run per seed — the runti
 bit-identical to in-process (tests/integration/test_runtime_equivalence.py) — and the report says
 which shared. A learning run whose folder already holds a finished run of the same recipe is
 reused (one run further serves a shorter budget, but for the overlap schedule: ``_finished``), so a
-second comparison on another trace costs no learning.
+second comparison on another trace costs no learning — but for a system with the exploration
+planner (``explore.planner``): its learning run explores with the arms its planner chose in its
+simulated run (``arm_plan``: the arms it is billed for; this machine's training window, the
+in-process planner's budget, fits none), and those follow the trace.
 
 Time and cost per iteration come from ``mode``:
 
@@ -182,13 +185,26 @@ def system_tables(config: CompareConfig, system: str) -> dict[str, Any]:
     return merge_tables(recipe_tables(config.task), own)
 
 
-def learning_recipe(config: CompareConfig, system: str, seed: int, name: str, out_dir: Path) -> Recipe:
-    """The in-process learning run of ``system`` at ``seed`` (its folder: ``out_dir/name``)."""
+def learning_recipe(config: CompareConfig, system: str, seed: int, name: str, out_dir: Path,
+                    arm_plan: list[str] | None = None) -> Recipe:
+    """The in-process learning run of ``system`` at ``seed`` (its folder: ``out_dir/name``);
+    ``arm_plan``: its exploration's arms, given in place of its planner (`arm_plan`)."""
+    plan = [] if arm_plan is None else ["explore.planner=false", f"explore.arm_plan={json.dumps(arm_plan)}"]
     return load_recipe(system_tables(config, system), [
         *config.overrides, f"run.seed={seed}", f"run.iterations={config.iterations}",
         f"run.eval_every={config.eval_every}", f"run.checkpoint_every={config.iterations}",
         'run.mode="in-process"', f'run.name="{name}"', f'run.out_dir="{out_dir}"', "run.tensorboard=false",
-        "run.minutes=none"])
+        "run.minutes=none", *plan])
+
+
+def arm_plan(records: list[dict[str, Any]]) -> list[str] | None:
+    """The arms a simulated run's planner chose, one per exploration in iteration order (its
+    records' ``explore_arm`` where a ``planner`` decision is logged); None when it had no planner.
+    A learning run given them (`learning_recipe`) explores as the run it is billed by: the in-process
+    planner would price arms with this machine's seconds, whose training window fits none of them."""
+    if not any("planner" in r for r in records):
+        return None
+    return [r["explore_arm"] for r in records if "explore_arm" in r]
 
 
 def learning_key(recipe: Recipe) -> str:
@@ -356,6 +372,25 @@ def compare(config: CompareConfig, progress: bool = True) -> CompareResult:
     if len(set(prices.values())) > 1:
         raise ConfigError("compare: the systems' [spot] prices differ: "
                           + "; ".join(f"{s} {p[0]}/{p[1]}" for s, p in prices.items()))
+    out.mkdir(parents=True, exist_ok=True)
+
+    timing: dict[str, dict[str, Any]] = {}
+    mean_spot = None
+    notes: list[str] = []
+    plans: dict[str, list[str] | None] = {}
+    if config.mode == "sim":
+        timing, mean_spot = _simulate_all(config, merged, out / "sim", say)
+        notes += _same_trace(timing)
+        # a planner's arms are the ones its simulated run chose (and was billed for)
+        plans = {s: arm_plan(timing[s]["records"]) for s in config.systems}
+        learn = {(s, seed): learning_recipe(config, s, seed, names[s, seed], learn_dir, plans[s])
+                 for (s, seed) in learn}
+        for s, plan in plans.items():
+            if plan is not None:
+                notes.append(f"{s}: its learning runs explore with the arms its planner chose on the "
+                             f"simulated cluster ({_plan_summary(plan)})")
+    elif config.trace is not None:
+        _check_runtime_trace(config, merged)
     groups: dict[tuple[str, int], list[str]] = {}
     for (s, seed), r in learn.items():
         groups.setdefault((learning_key(r), seed), []).append(s)
@@ -364,16 +399,6 @@ def compare(config: CompareConfig, progress: bool = True) -> CompareResult:
         digest = hashlib.sha1(key.encode()).hexdigest()[:8]
         for s in members:
             run_of[s, seed] = f"{'+'.join(members)}-{digest}-seed{seed}"
-    out.mkdir(parents=True, exist_ok=True)
-
-    timing: dict[str, dict[str, Any]] = {}
-    mean_spot = None
-    notes: list[str] = []
-    if config.mode == "sim":
-        timing, mean_spot = _simulate_all(config, merged, out / "sim", say)
-        notes += _same_trace(timing)
-    elif config.trace is not None:
-        _check_runtime_trace(config, merged)
 
     say(f"compare: the base of {config.task} (held-out ODE) at each seed, before any RL")
     kind, value = parse_target(config.target)
@@ -399,7 +424,7 @@ def compare(config: CompareConfig, progress: bool = True) -> CompareResult:
         if (folder, seed) in {(p.name, sd) for (_, sd), p in runs.items()}:
             runs[s, seed] = learn_dir / folder
             continue
-        rec = learning_recipe(config, s, seed, folder, learn_dir)
+        rec = learning_recipe(config, s, seed, folder, learn_dir, plans.get(s))
         runs[s, seed] = _learn(rec, say)
     shared: dict[str, list[str]] = {}
     if config.mode == "sim":
@@ -429,6 +454,13 @@ def compare(config: CompareConfig, progress: bool = True) -> CompareResult:
     write_outputs(result, out)
     say(result.table())
     return result
+
+
+def _plan_summary(plan: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for a in plan:
+        counts[a] = counts.get(a, 0) + 1
+    return ", ".join(f"{a} x{n}" for a, n in sorted(counts.items(), key=lambda x: (-x[1], x[0])))
 
 
 def _run_name(system: str, seed: int) -> str:

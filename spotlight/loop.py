@@ -231,10 +231,11 @@ class Loop:
         ]
 
     # --- exploration ---------------------------------------------------------------------------
-    def plan(self, prompts: int) -> tuple[Arm, dict]:
-        """The (M, steps) setting of the next exploration: the planner's choice, or the fixed arm."""
+    def plan(self, it: int, prompts: int) -> tuple[Arm, dict]:
+        """The (M, steps) setting of iteration ``it``'s exploration: the planner's choice, or the
+        given arm (`ExploreConfig.fixed_arm`)."""
         if self.planner is None:
-            return self.recipe.explore.fixed_arm(), {}
+            return self.recipe.explore.fixed_arm(it), {}
         decision = self.planner.choose(workers=max(1, self.executor.explore_workers()), prompts=prompts)
         return decision.arm, {
             "plan_arm": decision.arm.label,
@@ -251,7 +252,7 @@ class Loop:
         r, e = self.recipe.run, self.recipe.explore
         if not e.enabled:
             return None
-        arm, plan = self.plan(len(prompts))
+        arm, plan = self.plan(it, len(prompts))
         cands = [candidate_seeds(r.seed, it, self.prompts.index(p), arm.candidates) for p in prompts]
         size = e.chunk or arm.candidates
         owners, jobs = [], []

@@ -139,7 +139,8 @@ class Recipe:
                     f"run.group_size must be even when explore.schedule={e.schedule!r}, "
                     f"got {self.run.group_size}"
                 )
-            field_name = "explore.arms" if e.planner else "explore.candidates"
+            field_name = ("explore.arms" if e.planner else
+                          "explore.arm_plan" if e.arm_plan is not None else "explore.candidates")
             if too_few := [m for m in e.candidate_counts() if m < self.run.group_size]:
                 raise ConfigError(
                     f"{field_name}: every candidate count must be >= run.group_size "

@@ -49,6 +49,13 @@ class ExploreConfig:
     under the training-window budget, instead of the fixed candidates/cache."""
     arms: list[str] = field(default_factory=lambda: list(DEFAULT_ARMS))
     """The planner's arms: "M" (full steps) or "M@CACHE" (M candidates through a step cache)."""
+    arm_plan: list[str] | None = None
+    """The arm of each exploration, given instead of chosen ("M" or "M@CACHE", as `arms`): the
+    exploration for iteration i uses ``arm_plan[(i - first) % len(arm_plan)]``, where first is the
+    first iteration that explores (0 under 'critical', 1 under 'overlap'). None = the planner's
+    choice (`planner`) or the fixed `candidates`/`cache`. Set it with `planner` off.
+    `spotlight compare` sets it to the arms the planner chose on the simulated cluster a system is
+    billed on, so its learning run explores as that cluster does."""
     exploration: float = 0.5
     """The planner's UCB1 coefficient c (0 = greedy)."""
     budget_fraction: float = 0.9
@@ -82,6 +89,16 @@ class ExploreConfig:
         if self.check_prompts < 1:
             raise ConfigError(f"explore.check_prompts must be >= 1, got {self.check_prompts}")
         self.planner_config()  # arms and coefficients validated now, with the field named
+        if self.arm_plan is not None:
+            if self.planner:
+                raise ConfigError("explore.arm_plan gives every arm: set explore.planner = false with it")
+            if not self.arm_plan:
+                raise ConfigError("explore.arm_plan must name at least one arm, or be unset")
+            for i, a in enumerate(self.arm_plan):
+                try:
+                    Arm.parse(a)
+                except ValueError as e:
+                    raise ConfigError(f"explore.arm_plan[{i}]: {e}") from None
 
     @property
     def enabled(self) -> bool:
@@ -96,13 +113,21 @@ class ExploreConfig:
             call_seconds=self.call_seconds,
         )
 
-    def fixed_arm(self) -> Arm:
-        """The arm used when the planner is off."""
+    def fixed_arm(self, iteration: int) -> Arm:
+        """The arm of iteration ``iteration``'s exploration when the planner is off: `arm_plan`'s
+        (cycled, as there), else the fixed `candidates`/`cache`."""
+        if self.arm_plan is not None:
+            first = 1 if self.schedule == "overlap" else 0
+            return Arm.parse(self.arm_plan[(iteration - first) % len(self.arm_plan)])
         return Arm(self.candidates, None if self.cache is None else StepCache.parse(self.cache))
 
     def candidate_counts(self) -> list[int]:
-        """Every M this config can choose (the planner's arms, or the fixed one)."""
-        return [a.candidates for a in self.planner_config().arms] if self.planner else [self.candidates]
+        """Every M this config can choose (the planner's arms, the plan's, or the fixed one)."""
+        if self.planner:
+            return [a.candidates for a in self.planner_config().arms]
+        if self.arm_plan is not None:
+            return sorted({Arm.parse(a).candidates for a in self.arm_plan})
+        return [self.candidates]
 
 
 def candidate_seeds(run_seed: int, iteration: int, prompt_index: int, n: int, stream: int = 0) -> list[int]:

@@ -143,16 +143,16 @@ class SimRun:
         self._open.pop(batch, None)
 
     # --- one iteration ------------------------------------------------------------------------------
-    def _arm(self, prompts: int) -> tuple[Arm, dict | None]:
+    def _arm(self, it: int, prompts: int) -> tuple[Arm, dict | None]:
         e = self.recipe.explore
         if self.planner is None:
-            return e.fixed_arm(), None
+            return e.fixed_arm(it), None
         d = self.planner.choose(workers=max(self.cluster.explorers(), 1), prompts=prompts)
         return d.arm, d.as_dict()
 
     def _explore(self, it: int, version: int) -> tuple[str, Arm, dict | None, int]:
         e, r = self.recipe.explore, self.recipe.run
-        arm, decision = self._arm(r.prompts_per_iteration)
+        arm, decision = self._arm(it, r.prompts_per_iteration)
         chunk = e.chunk or arm.candidates
         works: list[m.Work] = []
         for p in range(r.prompts_per_iteration):

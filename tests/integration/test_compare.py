@@ -156,3 +156,19 @@ def test_a_new_base_at_the_same_path_is_another_learning_run(tmp_path):
     ckpt.unlink()
     with pytest.raises(NotFound, match="does not exist"):
         learning_key(recipe)
+
+
+def test_a_planner_learns_with_the_arms_its_simulated_run_chose(tmp_path):
+    """spotlight's planner chooses its arms on the simulated cluster it is billed on; its learning
+    run explores with exactly those arms, iteration by iteration (this machine's own training
+    window would fit none of them), and the report says so."""
+    result = compare(_config(tmp_path, systems=("spotlight",), iterations=3, overrides=FAST),
+                     progress=False)
+    sim = [r.get("explore_arm") for r in result.timing["spotlight"]["records"]]
+    assert sim[0] is None and all(sim[1:]) and len(set(sim[1:])) == 2  # the planner tried two arms
+    folder = Path(result.learning_runs["spotlight"][0])
+    learned = [r.get("explore_arm") for r in _records(folder / "metrics.jsonl") if r["event"] == "iteration"]
+    assert learned == sim
+    saved = json.loads((folder / "recipe.json").read_text())["explore"]
+    assert saved["planner"] is False and saved["arm_plan"] == sim[1:]
+    assert any(n.startswith("spotlight: its learning runs explore with the arms") for n in result.notes)

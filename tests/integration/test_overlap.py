@@ -5,6 +5,9 @@ prompts fall back to random seeds (counted), and the iteration goes on."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +18,7 @@ from spotlight.actors.store.client import TensorStoreClient
 from spotlight.actors.store.core import TensorStoreConfig, TensorStoreCore
 from spotlight.actors.worker.core import WorkerCore
 from spotlight.comm import messages as m
-from spotlight.errors import NotFound
+from spotlight.errors import ConfigError, NotFound
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -132,3 +135,35 @@ def test_planner_state_survives_resume(tmp_path):
     assert resumed.start_iteration == 2 and resumed.planner.state_dict() == saved
     resumed.run()
     assert sum(resumed.planner.state_dict()["pulls"]) == 2  # iteration 2: cold start; 3: overlapped
+
+
+def test_an_arm_plan_sets_each_iterations_exploration(tmp_path):
+    """explore.arm_plan, cycled from the first iteration that explores, decides every exploration's
+    arm in the loop and in the simulated run alike; a resumed run keeps to the plan's iterations."""
+    torch.set_num_threads(1)
+    over = [*TINY, "explore.schedule=overlap", 'explore.arm_plan=["8@taylor:2", "4", "8"]',
+            "run.checkpoint_every=2", f'run.out_dir="{tmp_path}"', 'run.name="plan"']
+    from spotlight.loop import Loop
+    from spotlight.sim.run import SimRun
+
+    Loop(load_recipe("tiny", [*over, "run.iterations=2"]), progress=False).run()
+    Loop(load_recipe("tiny", [*over, "run.iterations=5"]), resume=True, progress=False).run()
+    lines = (tmp_path / "plan" / "metrics.jsonl").read_text().splitlines()
+    its = [r for r in map(json.loads, lines) if r["event"] == "iteration"]
+    want = [None, "8@taylor:2", "4", "8", "8@taylor:2"]
+    # iteration 2 resumed: the exploration in flight at the checkpoint is gone (random seeds)
+    assert [r.get("explore_arm") for r in its] == [*want[:2], None, *want[3:]]
+    assert all(r["explore_fallback_prompts"] == 0 for r in its if "explore_arm" in r)
+    sim = SimRun(load_recipe("tiny", [*over, "run.iterations=5", 'run.mode="sim"', 'run.name="plan-sim"',
+                                      "runtime.spot_workers=2"]))
+    sim.run()
+    assert [r.get("explore_arm") for r in sim.records] == want
+
+
+def test_an_arm_plan_is_checked_like_the_arms():
+    for bad, says in [('explore.arm_plan=["8", "x"]', "explore.arm_plan[1]"),
+                      ('explore.arm_plan=["2"]', "explore.arm_plan: every candidate count"),
+                      ("explore.arm_plan=[]", "at least one arm"),
+                      ("explore.planner=true", "set explore.planner = false")]:
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            load_recipe("tiny", [*TINY, "explore.schedule=overlap", 'explore.arm_plan=["8"]', bad])
