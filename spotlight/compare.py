@@ -60,6 +60,7 @@ import hashlib
 import json
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,13 +198,11 @@ def learning_recipe(config: CompareConfig, system: str, seed: int, name: str, ou
         "run.minutes=none", *plan])
 
 
-def arm_plan(records: list[dict[str, Any]]) -> list[str] | None:
-    """The arms a simulated run's planner chose, one per exploration in iteration order (its
-    records' ``explore_arm`` where a ``planner`` decision is logged); None when it had no planner.
-    A learning run given them (`learning_recipe`) explores as the run it is billed by: the in-process
-    planner would price arms with this machine's seconds, whose training window fits none of them."""
-    if not any("planner" in r for r in records):
-        return None
+def arm_plan(records: list[dict[str, Any]]) -> list[str]:
+    """The arms a simulated run explored with, one per exploration in iteration order (its records'
+    ``explore_arm``). A planner's learning run given them (`learning_recipe`) explores as the run it
+    is billed by: the in-process planner would price arms with this machine's seconds, whose
+    training window fits none of them."""
     return [r["explore_arm"] for r in records if "explore_arm" in r]
 
 
@@ -382,7 +381,8 @@ def compare(config: CompareConfig, progress: bool = True) -> CompareResult:
         timing, mean_spot = _simulate_all(config, merged, out / "sim", say)
         notes += _same_trace(timing)
         # a planner's arms are the ones its simulated run chose (and was billed for)
-        plans = {s: arm_plan(timing[s]["records"]) for s in config.systems}
+        plans = {s: arm_plan(timing[s]["records"]) if r.explore.enabled and r.explore.planner else None
+                 for s, r in merged.items()}
         learn = {(s, seed): learning_recipe(config, s, seed, names[s, seed], learn_dir, plans[s])
                  for (s, seed) in learn}
         for s, plan in plans.items():
@@ -457,10 +457,7 @@ def compare(config: CompareConfig, progress: bool = True) -> CompareResult:
 
 
 def _plan_summary(plan: list[str]) -> str:
-    counts: dict[str, int] = {}
-    for a in plan:
-        counts[a] = counts.get(a, 0) + 1
-    return ", ".join(f"{a} x{n}" for a, n in sorted(counts.items(), key=lambda x: (-x[1], x[0])))
+    return ", ".join(f"{a} x{n}" for a, n in Counter(plan).most_common())
 
 
 def _run_name(system: str, seed: int) -> str:
