@@ -226,7 +226,8 @@ class SimRun:
             nxt = self._explore(it + 1, self.version)
         t3 = clock()
         busy0, present0 = c.busy_gpu_s(), self.account.meter.gpu_seconds("spot")
-        train_s = self.timing.train_s(samples, self.train_timesteps, self.recipe.sim.trainer_gpus)
+        train_s = self.timing.train_s(samples, self.train_timesteps, self.recipe.sim.trainer_gpus,
+                                      reference=self.recipe.grpo.beta > 0)
         c.train(train_s)
         busy1, present1 = c.busy_gpu_s(), self.account.meter.gpu_seconds("spot")
         self.version += 1

@@ -25,9 +25,11 @@ request; with it, spot workers share the
 spot cores and reserved workers share the trainer's, as on the machine it measured.
 
 A FLOP-priced step is FLOPs / (peak x utilisation), the utilisation falling for short sequences
-(``_utilisation``); an SP step adds Ulysses' four all-to-alls per block over NVLink. Every constant
-says where it comes from; "assumption" marks the ones no public figure pins down (they are the
-knobs a calibration on real GPUs should replace).
+(``_utilisation``); an SP step adds Ulysses' four all-to-alls per block over NVLink. The utilisation
+curves of the forward and of the LoRA training step and a worker's start are measured on one H200
+(``bench/qwen_calibration.py``): the model prices each measured forward and training step within
+10%. Every constant says where it comes from; "assumption" marks the ones no figure measured here or
+published pins down (multi-GPU ones: the all-to-all, the regroup at degree > 1, the cold load).
 
 Knows numbers only: nothing of queues, nodes or the clock.
 """
@@ -78,7 +80,7 @@ class ModelProfile:
 
     name: str
     params: float
-    """Transformer parameters (the FLOP count per token is 2 x this)."""
+    """Transformer parameters."""
     layers: int
     hidden: int
     vae_factor: int
@@ -94,6 +96,10 @@ class ModelProfile:
     """Bytes of the whole transformer (a cold load)."""
     gpus: tuple[str, ...]
     default_resolution: int
+    token_params: float | None = None
+    """Parameters each token passes through (the FLOP count per token is 2 x this); None: all of
+    ``params``. A dual-stream block's image and text tokens each see one stream's weights, and its
+    modulation acts once per sample, not per token."""
     measured_step_s: float | None = None
     """Measured seconds of one step at ``measured_batch`` and ``default_resolution`` (CPU profile)."""
     measured_batch: int = 1
@@ -114,15 +120,18 @@ def _qwen_lora_bytes() -> float:
 
 PROFILES: dict[str, ModelProfile] = {
     # Qwen-Image's transformer (Hugging Face Qwen/Qwen-Image, transformer/config.json): 60 layers,
-    # 24 heads x 128 = 3072 hidden, patch 2 over a 16-channel VAE latent at 1/8 scale, ~20.4 B
-    # parameters (the model card's 20B MMDiT) = 41 GB in bf16. 512^2 -> 1,024 image tokens, 1280^2 ->
+    # 24 heads x 128 = 3072 hidden, patch 2 over a 16-channel VAE latent at 1/8 scale, 20.43 B
+    # parameters (the model card's 20B MMDiT; counted on the meta device) = 41 GB in bf16. A token
+    # passes through 6.80 B of them: each block's image (or text) stream -- q, k, v, out (4 x 3072^2)
+    # and the MLP (2 x 3072 x 12288), biases included; the two modulations (3.4 B each) act once per
+    # sample. 512^2 -> 1,024 image tokens, 1280^2 ->
     # 6,400 (DESIGN.md §9). text_tokens 128: an assumption for a short prompt after the pipeline drops
     # its template (under 2% of the FLOPs at 1280^2). cfg_forwards 2: the pipeline's true CFG
     # (true_cfg_scale), which Flow-GRPO-style rollouts keep.
     "qwen-image-20b": ModelProfile(
-        "qwen-image-20b", params=20.4e9, layers=60, hidden=3072, vae_factor=8, patch=2, text_tokens=128,
-        cfg_forwards=2, update_bytes=_qwen_lora_bytes(), weights_bytes=20.4e9 * 2, gpus=("h100", "h200"),
-        default_resolution=1280),
+        "qwen-image-20b", params=20.43e9, token_params=6.796e9, layers=60, hidden=3072, vae_factor=8, patch=2,
+        text_tokens=128, cfg_forwards=2, update_bytes=_qwen_lora_bytes(), weights_bytes=20.4e9 * 2,
+        gpus=("h100", "h200"), default_resolution=1280),
     # The tiny CPU model of recipes/tiny.toml (32x32 pixels, patch 2), measured on this machine pinned
     # to one core (docs/BENCHMARKS.md "Simulated cluster", calibration): 4 iterations of `spotlight
     # run tiny` in-process, rollout 4.69-5.10 s (median 4.79) for 8 prompts x 8 samples x 10 steps ->
@@ -134,15 +143,19 @@ PROFILES: dict[str, ModelProfile] = {
         measured_step_s=4.79 / 80, measured_batch=8, measured_train_s_per_sample=5.60 / 64),
 }
 
-# Inference utilisation of the peak at long sequences: an assumption (large-GEMM DiT inference in bf16
-# reaches 40-50% of H100 peak in public serving benchmarks; 0.45 taken).
-MFU_INFER = 0.45
-# Tokens per GPU at which utilisation is half its maximum: an assumption (below ~a thousand tokens
-# a DiT block's GEMMs are too small to fill an H100's 132 SMs).
-HALF_TOKENS = 512.0
-# Training utilisation under FSDP2 with activation checkpointing: an assumption of the order
-# torchtitan publishes for large models on H100 (30-40% MFU); 0.35 taken.
-MFU_TRAIN = 0.35
+# Utilisation of the peak, measured: the full-size transformer, random-initialized in bf16 on one H200
+# (torch 2.11, diffusers 0.42.1, SDPA attention; bench/qwen_calibration.py, docs/BENCHMARKS.md
+# "Full-size Qwen-Image on one H200", 2026-12-04). Forwards of 1,152-13,056 tokens (512^2-1280^2,
+# batch 1 and 2) reached 22-44% of 989 TFLOP/s; u(n) = MFU_INFER x n / (n + HALF_TOKENS) fitted to the
+# eight prices each within 10% (least squares in log seconds). The H100 has the same compute: taken
+# the same there.
+MFU_INFER = 0.50
+HALF_TOKENS = 1250.0
+# The LoRA training step (rank 32 on the image stream's q, k, v, out; gradient checkpointing; fp32
+# adapter and AdamW over the bf16 base) of a forward of two samples, same H200: 12% of the peak at
+# 2 x 1,152 tokens, 31% at 2 x 6,528 -- the same curve's two figures (fitted exactly: two points).
+MFU_TRAIN = 0.47
+HALF_TRAIN_TOKENS = 7000.0
 # All-to-all efficiency on NVLink (achieved / link bandwidth): an assumption, NCCL all-to-all inside
 # one NVSwitch node typically reaches ~70% of the link rate at multi-MB messages.
 A2A_EFFICIENCY = 0.7
@@ -159,14 +172,14 @@ NODE_START_S = 180.0
 # "The GPU paths on one H200"); 0.5 s taken for any degree (a larger group's NCCL init is not measured).
 # The tiny profile: 0.142 s, the runtime's degree-2 regroup on this machine (BENCHMARKS "Elastic SP").
 REGROUP_S = 0.5
-# A worker process restarted on a GPU before its model loads: interpreter, torch + diffusers imports,
-# CUDA context and NCCL set-up, 20 s (an assumption: the tiny CPU worker's imports alone took 2.3-3.4 s
-# on a quiet machine, DESIGN.md §7; CUDA initialisation adds seconds).
-WORKER_START_S = 20.0
-# Trainer step overheads: optimizer step and LoRA gradient all-reduce are negligible at rank 32;
-# a trained timestep costs 3 forwards (forward, recompute under checkpointing, activation gradients;
-# LoRA weight gradients are tiny) plus 1 reference forward for the KL term.
-TRAIN_FORWARDS = 4
+# A worker process restarted on a GPU before its model loads: interpreter, torch + diffusers imports
+# and the CUDA context, 8.9 s measured on the H200 (median of 3 fresh processes, bench/qwen_calibration.py);
+# 9 s taken (a communicator's set-up is the regroup's 0.5 s).
+WORKER_START_S = 9.0
+# A trained timestep costs 3 forwards (forward, recompute under checkpointing, activation gradients;
+# LoRA weight gradients are tiny), the measured step's FLOPs; the optimizer step is inside the
+# measurement. A KL term (grpo.beta > 0) adds the reference's forward, priced as inference.
+TRAIN_FORWARDS = 3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,10 +279,11 @@ class TimingModel:
 
     # --- compute -----------------------------------------------------------------------------------
     def forward_flops(self, batch: int = 1) -> float:
-        """FLOPs of one transformer forward of ``batch`` samples: 2 x params per token (the linear
-        layers) plus 4 x layers x hidden x tokens^2 (attention scores and the weighted sum)."""
+        """FLOPs of one transformer forward of ``batch`` samples: 2 x the parameters a token passes
+        through, per token (the linear layers), plus 4 x layers x hidden x tokens^2 (attention scores
+        and the weighted sum)."""
         p, n = self.profile, self.tokens
-        return batch * (2 * p.params * n + 4 * p.layers * p.hidden * n * n)
+        return batch * (2 * (p.token_params or p.params) * n + 4 * p.layers * p.hidden * n * n)
 
     def step_s(self, batch: int = 1, sp_degree: int = 1, kind: str = "spot") -> float:
         """One denoising step of ``batch`` samples on ``sp_degree`` GPUs (CFG forwards included) of
@@ -298,16 +312,21 @@ class TimingModel:
         volume = 4 * p.layers * p.cfg_forwards * shard * (sp_degree - 1) / sp_degree
         return volume / (self.gpu.nvlink_gbps * GB * A2A_EFFICIENCY)
 
-    def train_s(self, samples: int, timesteps: int, gpus: int) -> float:
+    def train_s(self, samples: int, timesteps: int, gpus: int, reference: bool = False) -> float:
         """The GRPO update of ``samples`` rollouts at ``timesteps`` trained steps each on ``gpus``
-        reserved GPUs (FSDP2: the work splits evenly)."""
+        reserved GPUs (FSDP2: the work splits evenly), each forward two samples' tokens (as
+        measured); ``reference``: a KL term's reference forward too (``grpo.beta > 0``)."""
         p = self.profile
         if self.calibration is not None:
             return samples * self.calibration.train_s_per_sample / max(gpus, 1)
         if p.measured_train_s_per_sample is not None:
             return samples * p.measured_train_s_per_sample / max(gpus, 1)
-        flops = samples * timesteps * p.cfg_forwards * TRAIN_FORWARDS * self.forward_flops(1)
-        return flops / (max(gpus, 1) * self.gpu.peak_flops * MFU_TRAIN)
+        flops = samples * timesteps * p.cfg_forwards * self.forward_flops(1)
+        tokens = 2 * self.tokens
+        s = TRAIN_FORWARDS * flops / (self.gpu.peak_flops * MFU_TRAIN * tokens / (tokens + HALF_TRAIN_TOKENS))
+        if reference:
+            s += flops / (self.gpu.peak_flops * _utilisation(tokens))
+        return s / max(gpus, 1)
 
     # --- weights and nodes ----------------------------------------------------------------------
     @property

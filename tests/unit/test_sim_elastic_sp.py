@@ -51,7 +51,8 @@ def test_a_lost_gpu_breaks_its_group_and_the_request_regroups_in_place(tmp_path)
     sim._start()
     host = next(iter(sim.cluster.hosts.values()))
     sim._submit("b", sim._rollout_works(0)[:2])
-    sim.clock.run(end=sim.clock() + 5.0)  # a group of 4 computing
+    sim.clock.run(until=lambda: bool(host.runs), end=sim.clock() + 60.0)
+    sim.clock.run(end=sim.clock() + 1.0)  # a group of 4 computing, a few of its 20 steps done
     run = next(iter(host.runs.values()))
     assert host.gpus == 8 and len(run.members) == 4
     victim = next(i for i, ms in host.slices.items() if run.members[1] in ms)
