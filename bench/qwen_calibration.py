@@ -1,26 +1,28 @@
 """Full-size Qwen-Image transformer on one GPU: the simulator's calibration figures, measured.
 
-    PYTHONPATH=. python bench/qwen_calibration.py [--out calib.json] [--resolutions 512 1280]
+    PYTHONPATH=. python bench/qwen_calibration.py --out calib.json    # a CUDA machine (~2 min on an H200)
+    PYTHONPATH=. python bench/qwen_calibration.py --from bench/data/qwen_calibration_h200.json   # no GPU
 
 Builds a random-initialized ``QwenImageTransformer2DModel`` from the published config (the one
-``bench/pipeline_memory.py`` counts: 60 blocks, 24 heads x 128, 20.4 B parameters) directly on the
+``bench/pipeline_memory.py`` counts: 60 blocks, 24 heads x 128, 20.43 B parameters) directly on the
 GPU in bf16 -- no download, no weights; a random model costs what the trained one costs -- and times,
 with CUDA events after warm-up:
 
-- one denoising step as the ``qwen_image_lora`` recipe runs it: a forward of the CFG pair (batch 2:
-  the prompt and the negative prompt) and, for the curve, a forward of batch 1, at each resolution
-  (512^2 -> 1,024 image tokens, 1280^2 -> 6,400) with the sim profile's 128 prompt tokens;
-- one LoRA training step as the recipe's trainer runs it (rank 32 / alpha 64 on the family's targets,
-  the adapter in fp32 over the bf16 base, gradient checkpointing, AdamW): forward and backward of the
-  CFG pair, then the optimizer step;
+- a forward of batch 1 and of batch 2 at each resolution (512^2 -> 1,024 image tokens, 1280^2 ->
+  6,400) with the sim profile's 128 prompt tokens (a denoising step of the ``qwen_image_lora``
+  recipe is two such forwards, the prompt's and the negative prompt's, one after the other);
+- one LoRA training step (rank 32 / alpha 64 on the family's targets, the adapter in fp32 over the
+  bf16 base, gradient checkpointing, AdamW): forward and backward of two samples (a trained
+  timestep's CFG pair), then the optimizer step;
 - the full-size VAE's decode of one image (a rollout request decodes each sample for its reward;
   the sim does not price it);
-- the peak GPU memory of each, and the seconds a process takes to import torch and diffusers and
-  initialise CUDA (a worker's start before its model loads).
+- the peak GPU memory of each, and the seconds a fresh process takes to import torch and diffusers
+  and initialise CUDA (a worker's start before its model loads).
 
-Each row is set beside what ``spotlight.sim.timing.TimingModel`` prices the same work at on an H200
-(``sim/measured``: above 1 the sim is too slow, below 1 too fast), and the FLOP rate achieved.
-Writes the figures as JSON with ``--out``. Needs CUDA; one H200 runs it in about two minutes.
+Prints each row beside what ``spotlight.sim.timing.TimingModel`` prices the same work at on an H200
+now (``sim / measured``: above 1 the sim is too slow, below 1 too fast) and the FLOP rate achieved
+by the sim's FLOP count. ``--out`` saves the measurement as JSON; ``--from`` prints the table of a
+saved one, so the sim's prices can be checked against it on any machine.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import torch
 
 from bench.pipeline_memory import FULL
 from spotlight.pipelines.folder import LORA_TARGETS
-from spotlight.sim.timing import GPUS, PROFILES, TimingModel
+from spotlight.sim.timing import GPUS, PROFILES, TRAIN_FORWARDS, WORKER_START_S, TimingModel
 
 PEAK = GPUS["h200"].peak_flops
 TEXT_TOKENS = PROFILES["qwen-image-20b"].text_tokens  # the sim's prompt length, so the rows compare
@@ -88,14 +90,8 @@ def worker_start_s() -> float:
     return sorted(runs)[1]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--resolutions", type=int, nargs="+", default=[512, 768, 1024, 1280])
-    ap.add_argument("--train-resolutions", type=int, nargs="+", default=[512, 1280])
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--out", help="write the figures as JSON here")
-    args = ap.parse_args()
+def measure(args: argparse.Namespace) -> dict:
+    """Seconds and peak memory of the full-size model's work on this machine's GPU."""
     if not torch.cuda.is_available():
         sys.exit("qwen_calibration: needs a CUDA device (this bench times the full-size model on a GPU)")
     import diffusers
@@ -116,26 +112,17 @@ def main() -> None:
     out["params"] = sum(p.numel() for p in dit.parameters())
     out["build_s"] = time.perf_counter() - t
     out["weights_gb"] = peak_gb()
-    print(f"{props.name}: {out['params'] / 1e9:.2f} B parameters built on the GPU in {out['build_s']:.1f} s, "
-          f"{out['weights_gb']:.1f} GB; worker start (imports + CUDA) {out['worker_start_s']:.1f} s",
+    print(f"{props.name}: {out['params'] / 1e9:.2f} B parameters built on the GPU in {out['build_s']:.1f} s",
           flush=True)
 
     for res in args.resolutions:
-        sim = TimingModel("qwen-image-20b", "h200", res)
         for batch in (1, 2):
             x = inputs(res, batch, TEXT_TOKENS, dev)
             torch.cuda.reset_peak_memory_stats()
             with torch.inference_mode():
                 s = timed(functools.partial(dit, **x), args.warmup, args.iters)
-            flops = sim.forward_flops(batch)
-            # the sim prices a step = cfg_forwards (2) forwards of `batch`; a CFG pair is one step of batch 1
-            sim_s = sim.step_s(1) if batch == 2 else sim.step_s(1) / sim.profile.cfg_forwards
-            row = dict(resolution=res, tokens=sim.tokens, batch=batch, seconds=s, tflops=flops / s / 1e12,
-                       mfu=flops / s / PEAK, peak_gb=peak_gb(), sim_s=sim_s)
-            out["forward"].append(row)
-            print(f"forward {res}^2 batch {batch}: {s:.3f} s, {row['tflops']:.0f} TFLOP/s "
-                  f"(MFU {row['mfu']:.2f}), peak {row['peak_gb']:.1f} GB, sim/measured {sim_s / s:.2f}",
-                  flush=True)
+            out["forward"].append(dict(resolution=res, batch=batch, seconds=s, peak_gb=peak_gb()))
+            print(f"forward {res}^2 batch {batch}: {s:.3f} s, peak {peak_gb():.1f} GB", flush=True)
             del x
 
     vcls, vkw = FULL["qwen-image"]["vae"]
@@ -159,44 +146,71 @@ def main() -> None:
     dit.enable_gradient_checkpointing()
     dit.train()
     opt = torch.optim.AdamW(lora, lr=3e-4, weight_decay=1e-4)
+
+    def step(x: dict) -> None:
+        loss = dit(**x)[0].float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
     for res in args.train_resolutions:
-        sim = TimingModel("qwen-image-20b", "h200", res)
         x = inputs(res, 2, TEXT_TOKENS, dev)
-
-        def step(x: dict) -> None:
-            loss = dit(**x)[0].float().pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
         torch.cuda.reset_peak_memory_stats()
         s = timed(functools.partial(step, x), args.warmup, args.iters)
-        flops = 3 * sim.forward_flops(2)  # forward, recompute, activation gradients
-        sim_s = sim.train_s(1, 1, 1)
-        row = dict(resolution=res, tokens=sim.tokens, batch=2, seconds=s, tflops=flops / s / 1e12,
-                   mfu=flops / s / PEAK, peak_gb=peak_gb(), sim_s=sim_s)
-        out["train"].append(row)
-        print(f"LoRA train step {res}^2 (CFG pair): {s:.3f} s, {row['tflops']:.0f} TFLOP/s "
-              f"(MFU {row['mfu']:.2f}, 3 forwards), peak {row['peak_gb']:.1f} GB, "
-              f"sim (4 forwards) / measured {sim_s / s:.2f}", flush=True)
+        out["train"].append(dict(resolution=res, batch=2, seconds=s, peak_gb=peak_gb()))
+        print(f"LoRA train step {res}^2 (CFG pair): {s:.3f} s, peak {peak_gb():.1f} GB", flush=True)
         del x
+    return out
 
-    print(f"\n{props.name}, torch {torch.__version__}, diffusers {diffusers.__version__}, "
-          f"{out['params'] / 1e9:.2f} B parameters, LoRA r=32 {out['lora_params'] / 1e6:.1f} M, "
-          f"{TEXT_TOKENS} text tokens\n")
-    print("| work | resolution | tokens | batch | seconds | TFLOP/s | MFU | peak GB | sim s "
-          "| sim / measured |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for kind, rows in (("forward", out["forward"]), ("LoRA train step", out["train"])):
+
+def table(m: dict) -> str:
+    """The measurement ``m`` beside the sim's current prices (TimingModel on an H200): FLOP rate
+    achieved by the sim's FLOP count, its share of the H200's 989 TFLOP/s, sim seconds / measured."""
+    lines = [f"{m['gpu']}, torch {m['torch']}, diffusers {m['diffusers']}, "
+             f"{m['params'] / 1e9:.2f} B parameters (built in {m['build_s']:.1f} s, "
+             f"{m['weights_gb']:.1f} GB), "
+             f"LoRA r=32 {m['lora_params'] / 1e6:.1f} M, {m['text_tokens']} text tokens; "
+             f"worker start (imports + CUDA) {m['worker_start_s']:.1f} s (sim {WORKER_START_S:.1f} s)", "",
+             "| work | resolution | tokens | batch | seconds | TFLOP/s | MFU | peak GB | sim s "
+             "| sim / measured |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for kind, rows in (("forward", m["forward"]), ("LoRA train step", m["train"])):
         for r in rows:
-            print(f"| {kind} | {r['resolution']}^2 | {r['tokens']} | {r['batch']} | {r['seconds']:.3f} | "
-                  f"{r['tflops']:.0f} | {r['mfu']:.2f} | {r['peak_gb']:.1f} | {r['sim_s']:.3f} | "
-                  f"{r['sim_s'] / r['seconds']:.2f} |")
-    for r in out["decode"]:
-        print(f"| VAE decode | {r['resolution']}^2 | | 1 | {r['seconds']:.3f} | | | {r['peak_gb']:.1f} | | |")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+            sim = TimingModel("qwen-image-20b", "h200", r["resolution"])
+            if kind == "forward":  # a sim step: the CFG pair's forwards of one batch, one after the other
+                flops = sim.forward_flops(r["batch"])
+                sim_s = sim.step_s(r["batch"]) / sim.profile.cfg_forwards
+            else:  # one trained timestep of one sample: the CFG pair, a forward of two samples
+                flops, sim_s = TRAIN_FORWARDS * sim.forward_flops(2), sim.train_s(1, 1, 1)
+            s = r["seconds"]
+            lines.append(f"| {kind} | {r['resolution']}^2 | {sim.tokens} | {r['batch']} | {s:.3f} | "
+                         f"{flops / s / 1e12:.0f} | {flops / s / PEAK:.2f} | {r['peak_gb']:.1f} | "
+                         f"{sim_s:.3f} | {sim_s / s:.2f} |")
+    for r in m["decode"]:
+        lines.append(f"| VAE decode | {r['resolution']}^2 | | 1 | {r['seconds']:.3f} | | | "
+                     f"{r['peak_gb']:.1f} | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--resolutions", type=int, nargs="+", default=[512, 768, 1024, 1280])
+    ap.add_argument("--train-resolutions", type=int, nargs="+", default=[512, 1280])
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--out", help="write the measurement as JSON here")
+    ap.add_argument("--from", dest="source", metavar="JSON",
+                    help="print the table of a saved measurement (no GPU), priced by the sim as it is now")
+    args = ap.parse_args()
+    if args.source:
+        with open(args.source) as f:
+            m = json.load(f)
+    else:
+        m = measure(args)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(m, f, indent=1)
+    print("\n" + table(m))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -111,24 +112,23 @@ def test_timing_model_figures():
 
 
 # Seconds measured on one H200 with the full-size transformer, random bf16 weights (bench/qwen_calibration.py,
-# docs/BENCHMARKS.md "Full-size Qwen-Image on one H200"): (resolution, batch, one forward's seconds) and
-# (resolution, one LoRA training step of a forward of two samples).
-H200_FORWARD = [(512, 1, 0.077), (512, 2, 0.096), (768, 1, 0.106), (768, 2, 0.192), (1024, 1, 0.175),
-                (1024, 2, 0.339), (1280, 1, 0.287), (1280, 2, 0.553)]
-H200_TRAIN = [(512, 0.860), (1280, 2.364)]
+# docs/BENCHMARKS.md "Full-size Qwen-Image on one H200"): forwards of a batch, and LoRA training steps of a
+# forward of two samples.
+H200 = json.loads((Path(__file__).parents[2] / "bench/data/qwen_calibration_h200.json").read_text())
 
 
-@pytest.mark.parametrize("res, batch, seconds", H200_FORWARD)
-def test_timing_model_prices_the_h200_forwards_within_10_percent(res, batch, seconds):
-    t = TimingModel("qwen-image-20b", "h200", res)
-    forward = t.step_s(batch) / t.profile.cfg_forwards  # a step is the CFG pair's forwards
-    assert forward == pytest.approx(seconds, rel=0.10)
+@pytest.mark.parametrize("row", H200["forward"], ids=lambda r: f"{r['resolution']}-b{r['batch']}")
+def test_timing_model_prices_the_h200_forwards_within_10_percent(row):
+    t = TimingModel("qwen-image-20b", "h200", row["resolution"])
+    forward = t.step_s(row["batch"]) / t.profile.cfg_forwards  # a step is the CFG pair's forwards
+    assert forward == pytest.approx(row["seconds"], rel=0.10)
 
 
-@pytest.mark.parametrize("res, seconds", H200_TRAIN)
-def test_timing_model_prices_the_h200_training_step_within_10_percent(res, seconds):
+@pytest.mark.parametrize("row", H200["train"], ids=lambda r: str(r["resolution"]))
+def test_timing_model_prices_the_h200_training_step_within_10_percent(row):
     # one trained timestep of one sample is a CFG pair: the measured forward of two samples
-    assert TimingModel("qwen-image-20b", "h200", res).train_s(1, 1, 1) == pytest.approx(seconds, rel=0.10)
+    t = TimingModel("qwen-image-20b", "h200", row["resolution"])
+    assert row["batch"] == 2 and t.train_s(1, 1, 1) == pytest.approx(row["seconds"], rel=0.10)
 
 
 @pytest.mark.parametrize("override, message", [
