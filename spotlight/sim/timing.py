@@ -124,10 +124,10 @@ PROFILES: dict[str, ModelProfile] = {
     # parameters (the model card's 20B MMDiT; counted on the meta device) = 41 GB in bf16. A token
     # passes through 6.80 B of them: each block's image (or text) stream -- q, k, v, out (4 x 3072^2)
     # and the MLP (2 x 3072 x 12288), biases included; the two modulations (3.4 B each) act once per
-    # sample. 512^2 -> 1,024 image tokens, 1280^2 ->
-    # 6,400 (DESIGN.md §9). text_tokens 128: an assumption for a short prompt after the pipeline drops
-    # its template (under 2% of the FLOPs at 1280^2). cfg_forwards 2: the pipeline's true CFG
-    # (true_cfg_scale), which Flow-GRPO-style rollouts keep.
+    # sample. 512^2 -> 1,024 image tokens, 1280^2 -> 6,400 (DESIGN.md §9). text_tokens 128: an
+    # assumption for a short prompt after the pipeline drops its template (under 2% of the FLOPs at
+    # 1280^2). cfg_forwards 2: the pipeline's true CFG (true_cfg_scale), which Flow-GRPO-style rollouts
+    # keep.
     "qwen-image-20b": ModelProfile(
         "qwen-image-20b", params=20.43e9, token_params=6.796e9, layers=60, hidden=3072, vae_factor=8, patch=2,
         text_tokens=128, cfg_forwards=2, update_bytes=_qwen_lora_bytes(), weights_bytes=20.4e9 * 2,
@@ -323,7 +323,7 @@ class TimingModel:
             return samples * p.measured_train_s_per_sample / max(gpus, 1)
         flops = samples * timesteps * p.cfg_forwards * self.forward_flops(1)
         tokens = 2 * self.tokens
-        s = TRAIN_FORWARDS * flops / (self.gpu.peak_flops * MFU_TRAIN * tokens / (tokens + HALF_TRAIN_TOKENS))
+        s = TRAIN_FORWARDS * flops / (self.gpu.peak_flops * _train_utilisation(tokens))
         if reference:
             s += flops / (self.gpu.peak_flops * _utilisation(tokens))
         return s / max(gpus, 1)
@@ -385,6 +385,11 @@ class TimingModel:
 def _utilisation(tokens_per_gpu: float) -> float:
     """Share of peak reached by a forward of this many tokens per GPU (saturating curve)."""
     return MFU_INFER * tokens_per_gpu / (tokens_per_gpu + HALF_TOKENS)
+
+
+def _train_utilisation(tokens_per_gpu: float) -> float:
+    """Share of peak reached by a LoRA training step's forward of this many tokens per GPU."""
+    return MFU_TRAIN * tokens_per_gpu / (tokens_per_gpu + HALF_TRAIN_TOKENS)
 
 
 def expected_spread(candidates: int, group: int, draws: int = 2000, seed: int = 0) -> float:
