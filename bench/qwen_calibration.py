@@ -13,7 +13,8 @@ with CUDA events after warm-up:
   recipe is two such forwards, the prompt's and the negative prompt's, one after the other);
 - one LoRA training step (rank 32 / alpha 64 on the family's targets, the adapter in fp32 over the
   bf16 base, gradient checkpointing, AdamW): forward and backward of two samples (a trained
-  timestep's CFG pair), then the optimizer step;
+  timestep's CFG pair), then the optimizer step; and the KL term's reference forward of the same two
+  samples (the adapter disabled, no gradients);
 - the full-size VAE's decode of one image (a rollout request decodes each sample for its reward;
   the sim does not price it);
 - the peak GPU memory of each, and the seconds a fresh process takes to import torch and diffusers
@@ -101,7 +102,7 @@ def measure(args: argparse.Namespace) -> dict:
     props = torch.cuda.get_device_properties(0)
     out: dict = {"gpu": props.name, "torch": torch.__version__, "diffusers": diffusers.__version__,
                  "text_tokens": TEXT_TOKENS, "worker_start_s": worker_start_s(), "forward": [], "train": [],
-                 "decode": []}
+                 "reference": [], "decode": []}
     cls, kw = FULL["qwen-image"]["transformer"]
     t = time.perf_counter()
     torch.set_default_dtype(torch.bfloat16)
@@ -159,6 +160,12 @@ def measure(args: argparse.Namespace) -> dict:
         s = timed(functools.partial(step, x), args.warmup, args.iters)
         out["train"].append(dict(resolution=res, batch=2, seconds=s, peak_gb=peak_gb()))
         print(f"LoRA train step {res}^2 (CFG pair): {s:.3f} s, peak {peak_gb():.1f} GB", flush=True)
+        dit.disable_adapters()  # the KL term's reference: the base, the adapter off, no gradients
+        with torch.no_grad():
+            s = timed(functools.partial(dit, **x), args.warmup, args.iters)
+        dit.enable_adapters()
+        out["reference"].append(dict(resolution=res, batch=2, seconds=s, peak_gb=peak_gb()))
+        print(f"reference forward {res}^2 (CFG pair, adapter off): {s:.3f} s", flush=True)
         del x
     return out
 
@@ -174,14 +181,18 @@ def table(m: dict) -> str:
              "| work | resolution | tokens | batch | seconds | TFLOP/s | MFU | peak GB | sim s "
              "| sim / measured |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for kind, rows in (("forward", m["forward"]), ("LoRA train step", m["train"])):
+    for kind, rows in (("forward", m["forward"]), ("LoRA train step", m["train"]),
+                       ("KL reference forward", m.get("reference", []))):
         for r in rows:
             sim = TimingModel("qwen-image-20b", "h200", r["resolution"])
             if kind == "forward":  # a sim step: the CFG pair's forwards of one batch, one after the other
                 flops = sim.forward_flops(r["batch"])
                 sim_s = sim.step_s(r["batch"]) / sim.profile.cfg_forwards
-            else:  # one trained timestep of one sample: the CFG pair, a forward of two samples
+            elif kind == "LoRA train step":  # one trained timestep of one sample: the CFG pair, two samples
                 flops, sim_s = TRAIN_FORWARDS * sim.forward_flops(2), sim.train_s(1, 1, 1)
+            else:  # what a KL term adds to that timestep
+                flops = sim.forward_flops(2)
+                sim_s = sim.train_s(1, 1, 1, reference=True) - sim.train_s(1, 1, 1)
             s = r["seconds"]
             lines.append(f"| {kind} | {r['resolution']}^2 | {sim.tokens} | {r['batch']} | {s:.3f} | "
                          f"{flops / s / 1e12:.0f} | {flops / s / PEAK:.2f} | {r['peak_gb']:.1f} | "
@@ -195,7 +206,7 @@ def table(m: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--resolutions", type=int, nargs="+", default=[512, 768, 1024, 1280])
-    ap.add_argument("--train-resolutions", type=int, nargs="+", default=[512, 1280])
+    ap.add_argument("--train-resolutions", type=int, nargs="+", default=[512, 768, 1024, 1280])
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--out", help="write the measurement as JSON here")
