@@ -34,6 +34,7 @@ import json
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -96,7 +97,8 @@ def measure(args: argparse.Namespace) -> dict:
     if not torch.cuda.is_available():
         sys.exit("qwen_calibration: needs a CUDA device (this bench times the full-size model on a GPU)")
     import diffusers
-    from peft import LoraConfig
+
+    from spotlight.policy.grpo import GRPOConfig, add_lora
 
     dev = "cuda"
     props = torch.cuda.get_device_properties(0)
@@ -138,11 +140,10 @@ def measure(args: argparse.Namespace) -> dict:
         print(f"VAE decode {res}^2: {s:.3f} s, peak {peak_gb():.1f} GB", flush=True)
     del vae
 
-    dit.add_adapter(LoraConfig(r=32, lora_alpha=64, init_lora_weights="gaussian",
-                               target_modules=LORA_TARGETS["qwen-image"]))
+    # the trainer's own adapter wiring (fp32 adapter over the bf16 base), at qwen_image_lora's r=32 / alpha=64
+    add_lora(SimpleNamespace(dit=dit, lora_targets=LORA_TARGETS["qwen-image"]),
+             GRPOConfig(lora_rank=32, lora_alpha=64.0))
     lora = [p for n, p in dit.named_parameters() if ".lora_" in n]
-    for p in lora:
-        p.data = p.data.float()
     out["lora_params"] = sum(p.numel() for p in lora)
     dit.enable_gradient_checkpointing()
     dit.train()
@@ -170,6 +171,18 @@ def measure(args: argparse.Namespace) -> dict:
     return out
 
 
+def priced(kind: str, row: dict) -> tuple[float, float]:
+    """(FLOPs by the sim's count, the sim's seconds) of one measured ``row`` of ``kind`` ("forward",
+    "train" or "reference"), as ``TimingModel`` prices that work on an H200."""
+    sim = TimingModel("qwen-image-20b", "h200", row["resolution"])
+    if kind == "forward":  # a sim step is the CFG pair's forwards of one batch, one after the other
+        return sim.forward_flops(row["batch"]), sim.step_s(row["batch"]) / sim.profile.cfg_forwards
+    assert row["batch"] == 2, "a trained timestep of one sample is its CFG pair: a forward of two samples"
+    if kind == "train":
+        return TRAIN_FORWARDS * sim.forward_flops(2), sim.train_s(1, 1, 1)
+    return sim.forward_flops(2), sim.train_s(1, 1, 1, reference=True) - sim.train_s(1, 1, 1)  # a KL term's
+
+
 def table(m: dict) -> str:
     """The measurement ``m`` beside the sim's current prices (TimingModel on an H200): FLOP rate
     achieved by the sim's FLOP count, its share of the H200's 989 TFLOP/s, sim seconds / measured."""
@@ -181,20 +194,12 @@ def table(m: dict) -> str:
              "| work | resolution | tokens | batch | seconds | TFLOP/s | MFU | peak GB | sim s "
              "| sim / measured |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for kind, rows in (("forward", m["forward"]), ("LoRA train step", m["train"]),
-                       ("KL reference forward", m.get("reference", []))):
-        for r in rows:
-            sim = TimingModel("qwen-image-20b", "h200", r["resolution"])
-            if kind == "forward":  # a sim step: the CFG pair's forwards of one batch, one after the other
-                flops = sim.forward_flops(r["batch"])
-                sim_s = sim.step_s(r["batch"]) / sim.profile.cfg_forwards
-            elif kind == "LoRA train step":  # one trained timestep of one sample: the CFG pair, two samples
-                flops, sim_s = TRAIN_FORWARDS * sim.forward_flops(2), sim.train_s(1, 1, 1)
-            else:  # what a KL term adds to that timestep
-                flops = sim.forward_flops(2)
-                sim_s = sim.train_s(1, 1, 1, reference=True) - sim.train_s(1, 1, 1)
-            s = r["seconds"]
-            lines.append(f"| {kind} | {r['resolution']}^2 | {sim.tokens} | {r['batch']} | {s:.3f} | "
+    labels = {"forward": "forward", "train": "LoRA train step", "reference": "KL reference forward"}
+    for kind, label in labels.items():
+        for r in m.get(kind, []):
+            flops, sim_s = priced(kind, r)
+            s, tokens = r["seconds"], TimingModel("qwen-image-20b", "h200", r["resolution"]).tokens
+            lines.append(f"| {label} | {r['resolution']}^2 | {tokens} | {r['batch']} | {s:.3f} | "
                          f"{flops / s / 1e12:.0f} | {flops / s / PEAK:.2f} | {r['peak_gb']:.1f} | "
                          f"{sim_s:.3f} | {sim_s / s:.2f} |")
     for r in m["decode"]:

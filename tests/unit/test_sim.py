@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import qwen_calibration
 from spotlight.errors import ConfigError
 from spotlight.recipe import load_recipe
 from spotlight.sim.clock import VirtualClock
@@ -112,23 +113,16 @@ def test_timing_model_figures():
 
 
 # Seconds measured on one H200 with the full-size transformer, random bf16 weights (bench/qwen_calibration.py,
-# docs/BENCHMARKS.md "Full-size Qwen-Image on one H200"): forwards of a batch, and LoRA training steps of a
-# forward of two samples.
+# docs/BENCHMARKS.md "Full-size Qwen-Image on one H200"), the run the model is fitted to: forwards of a batch,
+# and LoRA training steps of a forward of two samples; priced as the bench prices them.
 H200 = json.loads((Path(__file__).parents[2] / "bench/data/qwen_calibration_h200.json").read_text())
 
 
-@pytest.mark.parametrize("row", H200["forward"], ids=lambda r: f"{r['resolution']}-b{r['batch']}")
-def test_timing_model_prices_the_h200_forwards_within_10_percent(row):
-    t = TimingModel("qwen-image-20b", "h200", row["resolution"])
-    forward = t.step_s(row["batch"]) / t.profile.cfg_forwards  # a step is the CFG pair's forwards
-    assert forward == pytest.approx(row["seconds"], rel=0.10)
-
-
-@pytest.mark.parametrize("row", H200["train"], ids=lambda r: str(r["resolution"]))
-def test_timing_model_prices_the_h200_training_step_within_10_percent(row):
-    # one trained timestep of one sample is a CFG pair: the measured forward of two samples
-    t = TimingModel("qwen-image-20b", "h200", row["resolution"])
-    assert row["batch"] == 2 and t.train_s(1, 1, 1) == pytest.approx(row["seconds"], rel=0.10)
+@pytest.mark.parametrize("kind, row", [(k, r) for k in ("forward", "train") for r in H200[k]],
+                         ids=lambda v: v if isinstance(v, str) else f"{v['resolution']}-b{v['batch']}")
+def test_timing_model_prices_the_h200_measurement_within_10_percent(kind, row):
+    _, sim_s = qwen_calibration.priced(kind, row)
+    assert sim_s == pytest.approx(row["seconds"], rel=0.10)
 
 
 @pytest.mark.parametrize("override, message", [
