@@ -50,6 +50,9 @@ class ModelConfig:
     head_dim: int = 32
     text_dim: int = 64
     text_layers: int = 2
+    """Transformer layers of a fresh text encoder; 0 = none: each token is its embedding plus its
+    position, so a spelled letter's vector does not depend on the word around it (the text task's
+    base: a held-out word's letters are then the vectors the training words taught)."""
     text_embedding: str = "token"
     """How a fresh text encoder embeds the spelled letters of quoted text (the text task): 'token'
     (a vector per letter-at-place token) or 'letter_place' (letter + place vectors, shared:
@@ -101,10 +104,11 @@ class ModelConfig:
             "heads",
             "head_dim",
             "text_dim",
-            "text_layers",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model.{name} must be > 0, got {getattr(self, name)}")
+        if self.text_layers < 0:
+            raise ConfigError(f"model.text_layers must be >= 0, got {self.text_layers}")
         if self.pipeline is None and self.image_size % self.patch:  # a pipeline's: its VAE and patch
             raise ConfigError(
                 f"model.image_size ({self.image_size}) must be a multiple of model.patch ({self.patch})"

@@ -80,7 +80,8 @@ def _spell(found: re.Match) -> str:
 
 
 class TextEncoder(nn.Module):
-    """Token + position embeddings, then a few pre-norm transformer encoder layers.
+    """Token + position embeddings, then `layers` pre-norm transformer encoder layers (0: none —
+    each token's vector is its own embedding and position, whatever the prompt around it).
 
     `spelling` (`WordTokenizer.spelling()`, or None) embeds each spelled-letter token ``"c@k`` as
     letter(c) + place(k) — one vector per letter shared by every place it stands at, one per place —
@@ -126,5 +127,6 @@ class TextEncoder(nn.Module):
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.embed(ids) + self.positions[: ids.shape[1]]
-        h = self.encoder(h, src_key_padding_mask=mask == 0)
+        if len(self.encoder.layers):  # layers = 0: every token as embedded, blind to the others
+            h = self.encoder(h, src_key_padding_mask=mask == 0)
         return self.norm(h) * mask.unsqueeze(-1)

@@ -317,3 +317,34 @@ def test_letter_place_embedding_is_shared_and_saved(tmp_path):
         ModelConfig(checkpoint=None, text_embedding="letters")
     with pytest.raises(ConfigError, match="spelled letters"):
         build_model(ModelConfig(checkpoint=None, text_embedding="letter_place"), SHAPES)
+
+
+def test_text_encoder_without_layers_keeps_letters_context_free(tmp_path):
+    """`model.text_layers = 0`: no transformer layer in the text encoder, so a spelled letter's
+    vector is its letter + place (+ token position) whatever word it stands in — the same letter
+    at the same place and token position encodes identically in two different words; the
+    checkpoint rebuilds the same encoder; a negative count is one ConfigError line."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(checkpoint=None, image_size=16, image_width=64, layers=1, heads=2, head_dim=16,
+                      text_layers=0, text_embedding="letter_place")
+    model = build_model(cfg, text_task.VOCABULARY)
+    assert len(model.text.encoder.layers) == 0
+    with torch.no_grad():
+        h, mask = model.encode(['the word "CAT"', 'the word "COT"'])
+    assert torch.equal(h[0, :3], h[1, :3])  # "the word" and C at its place: as in the other word
+    assert not torch.equal(h[0, 3], h[1, 3])  # A against O
+    assert torch.equal(h[0, 4], h[1, 4])  # T: the same, though its neighbour differs
+    layered = build_model(ModelConfig(checkpoint=None, image_size=16, image_width=64, layers=1, heads=2,
+                                      head_dim=16, text_layers=1, text_embedding="letter_place"),
+                          text_task.VOCABULARY)
+    with torch.no_grad():
+        h1, _ = layered.encode(['the word "CAT"', 'the word "COT"'])
+    assert not torch.equal(h1[0, 4], h1[1, 4])  # with a layer, T hears its neighbour
+
+    model.save(tmp_path / "m.safetensors")
+    again = build_model(ModelConfig(checkpoint=str(tmp_path / "m.safetensors")), [])
+    assert again.cfg.text_layers == 0 and again.text.config["layers"] == 0
+    with torch.no_grad():
+        assert torch.equal(again.encode(['the word "CAT"'])[0], h[:1])
+    with pytest.raises(ConfigError, match="model.text_layers must be >= 0"):
+        ModelConfig(checkpoint=None, text_layers=-1)
