@@ -51,8 +51,7 @@ class ModelConfig:
     text_dim: int = 64
     text_layers: int = 2
     """Transformer layers of a fresh text encoder; 0 = none: each token is its embedding plus its
-    position, so a spelled letter's vector does not depend on the word around it (the text task's
-    base: a held-out word's letters are then the vectors the training words taught)."""
+    position, whatever the prompt around it."""
     text_embedding: str = "token"
     """How a fresh text encoder embeds the spelled letters of quoted text (the text task): 'token'
     (a vector per letter-at-place token) or 'letter_place' (letter + place vectors, shared:
