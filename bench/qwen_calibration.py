@@ -177,7 +177,9 @@ def priced(kind: str, row: dict) -> tuple[float, float]:
     sim = TimingModel("qwen-image-20b", "h200", row["resolution"])
     if kind == "forward":  # a sim step is the CFG pair's forwards of one batch, one after the other
         return sim.forward_flops(row["batch"]), sim.step_s(row["batch"]) / sim.profile.cfg_forwards
-    assert row["batch"] == 2, "a trained timestep of one sample is its CFG pair: a forward of two samples"
+    if row["batch"] != 2:
+        raise ValueError(f"a {kind} row times a trained timestep of one sample — its CFG pair, a batch of "
+                         f"2 — not a batch of {row['batch']}")
     if kind == "train":
         return TRAIN_FORWARDS * sim.forward_flops(2), sim.train_s(1, 1, 1)
     return sim.forward_flops(2), sim.train_s(1, 1, 1, reference=True) - sim.train_s(1, 1, 1)  # a KL term's
