@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--workers", type=int, default=0, help="rendering processes (default 0: in this one)")
     pre.add_argument("--task", default="shapes",
                      help="shapes | text (the OCR words, on a 16x64 letter + place model; default shapes)")
+    pre.add_argument("--misspell", type=float, default=0.0,
+                     help="text: chance a rendered letter differs from the caption's (default 0)")
     pre.add_argument("--out", type=Path, default=Path("runs/pretrain/base.safetensors"))
     pre.add_argument("overrides", nargs="*", help="model.field=value over the task's, e.g. model.layers=2")
     pre.set_defaults(func=_pretrain)
@@ -261,6 +263,7 @@ def _pretrain(args) -> int:
             batch_size=args.batch_size,
             device=args.device,
             workers=args.workers,
+            misspell=args.misspell,
             task=args.task,
         ),
         args.out,

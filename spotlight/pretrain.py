@@ -55,6 +55,10 @@ class PretrainConfig:
     """Also save `<out>.<minutes>m.safetensors` snapshots, to pick how mediocre the base is."""
     device: str = "auto"
     """auto | cpu | cuda, as `run.device`."""
+    misspell: float = 0.0
+    """text: each letter of a rendered word is drawn as its look-alike (R as P, `text_task.LOOKALIKE`)
+    with this probability while its caption keeps the word — a base that confuses letters, as real
+    text-to-image bases do, with its letters well formed. 0 renders every word as asked."""
     workers: int = 0
     """Processes rendering batches (0: this process, the CPU default). On a GPU the renderer, not
     the model, is the bottleneck (no benchmark table measures it; the H200 pretraining of the v3
@@ -69,6 +73,10 @@ class PretrainConfig:
         if not 0 <= self.ema_decay < 1:
             raise ConfigError(f"pretrain.ema_decay must be in [0, 1), got {self.ema_decay}")
         _check_task(self.task)
+        if not 0 <= self.misspell < 1:
+            raise ConfigError(f"pretrain.misspell must be in [0, 1), got {self.misspell}")
+        if self.misspell and self.task != "text":
+            raise ConfigError(f"pretrain.misspell is for task text, got task {self.task!r}")
         if self.workers < 0:
             raise ConfigError(f"pretrain.workers must be >= 0, got {self.workers}")
 
@@ -98,10 +106,20 @@ def task_model(task: str, overrides: list[str] | None = None) -> ModelConfig:
     return load_recipe({"model": {"checkpoint": None, **TASK_MODELS[task]}}, overrides).model
 
 
-def text_batch(rng: random.Random, n: int, height: int, width: int) -> tuple[torch.Tensor, list[str]]:
-    """`n` random training words of the text task rendered on a `height`x`width` canvas."""
+def misspelled(rng: random.Random, word: str, p: float) -> str:
+    """`word` with each letter replaced, with probability `p`, by its look-alike
+    (`text_task.LOOKALIKE`, e.g. P for R); `p` = 0 draws nothing from `rng`."""
+    if p == 0:
+        return word
+    return "".join(text_task.LOOKALIKE[ch] if rng.random() < p else ch for ch in word)
+
+
+def text_batch(rng: random.Random, n: int, height: int, width: int,
+               misspell: float = 0.0) -> tuple[torch.Tensor, list[str]]:
+    """`n` random training words of the text task rendered on a `height`x`width` canvas, each letter
+    drawn wrong with probability `misspell` (`misspelled`); the captions ask for the words."""
     drawn = [text_task.random_prompt(rng) for _ in range(n)]
-    imgs = np.stack([text_task.render_word(w, height, width) for _, w in drawn])
+    imgs = np.stack([text_task.render_word(misspelled(rng, w, misspell), height, width) for _, w in drawn])
     x = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1
     return x, [p for p, _ in drawn]
 
@@ -132,7 +150,8 @@ def batches(cfg: PretrainConfig, size: int, pin: bool):
     of the trainer."""
     if cfg.task == "text":
         _, height, width = cfg.model.shape
-        make = functools.partial(text_batch, n=cfg.batch_size, height=height, width=width)
+        make = functools.partial(text_batch, n=cfg.batch_size, height=height, width=width,
+                                 misspell=cfg.misspell)
     else:
         make = functools.partial(batch, n=cfg.batch_size, size=size)
     if cfg.workers == 0:

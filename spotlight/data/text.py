@@ -56,6 +56,10 @@ HELDOUT_WORDS: tuple[str, ...] = tuple(
     "BUG ELK HAM WET BEAM CLIP GRAY MOON SPOT TOWN BLANK CHARM PRIZE SPARK BORDER MAGNET".split()
 )
 LETTERS = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+LOOKALIKE: dict[str, str] = {a: b for pair in "AH BD CG EF IL JT KX MN OQ PR SZ UV WY".split()
+                             for a, b in (pair, pair[::-1])}
+"""Each capital's look-alike (a pairing: B for D and D for B), the letter a misspelling base draws
+instead (`spotlight pretrain --misspell`)."""
 VOCABULARY: tuple[str, ...] = tuple(
     sorted({w for t in TEMPLATES for w in t.replace('"{}"', "").split()})
 ) + tuple(spelled_token(c.lower(), k) for c in LETTERS for k in range(1 - MAX_LETTERS, MAX_LETTERS))

@@ -231,6 +231,38 @@ def test_rendered_pretraining_set():
         PretrainConfig(task="letters")
 
 
+def test_misspelling_pretraining_set():
+    """`--misspell p` draws each letter of a rendered word as its look-alike with probability p
+    while the caption keeps the word; 0 draws nothing extra from the stream (the default data are
+    unchanged); bad values are one ConfigError line."""
+    import random
+
+    from spotlight.pretrain import PretrainConfig, misspelled, text_batch
+
+    rng = random.Random(0)
+    words = [rng.choice(text_task.TRAIN_WORDS) for _ in range(2000)]
+    drawn = [misspelled(rng, w, 0.4) for w in words]
+    letters = sum(len(w) for w in words)
+    wrong = sum(a != b for w, d in zip(words, drawn) for a, b in zip(w, d))
+    alike = text_task.LOOKALIKE
+    assert all(b in (a, alike[a]) for w, d in zip(words, drawn) for a, b in zip(w, d, strict=True))
+    assert sorted(alike) == list(text_task.LETTERS)  # a pairing of the 26 capitals
+    assert all(alike[alike[c]] == c != alike[c] for c in text_task.LETTERS)
+    assert 0.37 < wrong / letters < 0.43
+    state = rng.getstate()
+    assert misspelled(rng, "SPOT", 0.0) == "SPOT" and rng.getstate() == state
+
+    clean, prompts = text_batch(random.Random(1), 8, 16, 64)
+    noisy, noisy_prompts = text_batch(random.Random(1), 8, 16, 64, misspell=0.5)
+    assert noisy_prompts == prompts  # the captions ask for the same words ...
+    assert not torch.equal(noisy, clean)  # ... the pictures draw some letters wrong
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ConfigError, match="pretrain.misspell"):
+            PretrainConfig(task="text", misspell=bad)
+    with pytest.raises(ConfigError, match="pretrain.misspell is for task text"):
+        PretrainConfig(misspell=0.2)
+
+
 def test_text_pretraining_defaults_to_the_shipped_bases_model():
     """`spotlight pretrain --task text` with no model overrides trains the model the `ocr` recipe
     loads (the 16x64 strip, letter + place); overrides apply on top, the shapes task keeps its
