@@ -3,7 +3,10 @@
 
     spotlight pretrain --minutes 25 --out spotlight/assets/base.safetensors --seed 0
     spotlight pretrain --task text --minutes 60 --max-steps 2500 --batch-size 32 --seed 0 \
-        --out spotlight/assets/ocr_base.safetensors      (the text-rendering base: docs/BENCHMARKS.md)
+        --out clean.safetensors
+    spotlight pretrain --task text --minutes 30 --max-steps 800 --batch-size 32 --seed 1 --lr 2e-4 \
+        --misspell 0.4 --out spotlight/assets/ocr_base.safetensors 'model.checkpoint="clean.safetensors"'
+                                   (the text-rendering base, two stages: docs/BENCHMARKS.md)
 
 Trains the tiny DiT and the text encoder jointly on freshly rendered scenes of the whole caption
 grammar, keeps an EMA of the weights, and saves the EMA model as one safetensors file. The base is
@@ -90,10 +93,11 @@ def _check_task(task: str) -> None:
 
 TASK_MODELS: dict[str, dict[str, object]] = {
     "shapes": {},
-    "text": {"image_size": 16, "image_width": 64, "text_embedding": "letter_place"},
+    "text": {"image_size": 16, "image_width": 64, "text_embedding": "letter_place", "text_layers": 0},
 }
 """The [model] fields each task's shipped base was pretrained with, beyond ModelConfig's defaults
-(text: the `ocr` recipe's 16x64 strip, letters embedded as letter + place vectors)."""
+(text: the `ocr` recipe's 16x64 strip, letters embedded as letter + place vectors, no text encoder
+layer: each spelled letter's vector is its own, whatever the word)."""
 
 
 def task_model(task: str, overrides: list[str] | None = None) -> ModelConfig:

@@ -265,15 +265,15 @@ def test_misspelling_pretraining_set():
 
 def test_text_pretraining_defaults_to_the_shipped_bases_model():
     """`spotlight pretrain --task text` with no model overrides trains the model the `ocr` recipe
-    loads (the 16x64 strip, letter + place); overrides apply on top, the shapes task keeps its
-    square, and an unknown task is one ConfigError line."""
+    loads (the 16x64 strip, letter + place, no encoder layer); overrides apply on top, the shapes
+    task keeps its square, and an unknown task is one ConfigError line."""
     from spotlight.pretrain import task_model
     from spotlight.recipe import load_recipe
 
     text, shapes = task_model("text"), task_model("shapes")
     ocr = load_recipe("ocr").model
-    assert (text.image_size, text.image_width, text.text_embedding) == (ocr.image_size, ocr.image_width,
-                                                                         "letter_place")
+    assert (text.image_size, text.image_width, text.text_embedding, text.text_layers) == (
+        ocr.image_size, ocr.image_width, "letter_place", ocr.text_layers)
     assert text.checkpoint is None
     assert (shapes.image_size, shapes.image_width, shapes.text_embedding) == (32, 0, "token")
     wide = task_model("text", ["model.image_width=128", "model.text_embedding=token"])
