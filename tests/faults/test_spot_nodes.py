@@ -175,15 +175,16 @@ def test_chaos_ten_random_kills_lose_nothing(runtime):
             seen[rid] = now
         return [n for n in sorted(nodes) if n.startswith("chaos") and rt.node_alive(n)]
 
-    def preempted_so_far() -> int:
+    def preempted() -> dict:
+        """The submitted requests run by more than one attempt so far, by the step log."""
         rt.account.steps.refresh()
-        return sum(len(rt.account.steps.requests[rid].first_step) > 1
-                   for rid in ids if rid in rt.account.steps.requests)
+        logged = rt.account.steps.requests
+        return {rid: logged[rid] for rid in ids if rid in logged and len(logged[rid].first_step) > 1}
 
     # ~10 faults, and on until three running requests were hit (a spot notice lets a short request
     # finish within its warning, so not every fault preempts one); bounded, so a blind injector fails.
     def more() -> bool:
-        return len(faults) < 10 or (len(faults) < MAX_FAULTS and preempted_so_far() < 3)
+        return len(faults) < 10 or (len(faults) < MAX_FAULTS and len(preempted()) < 3)
 
     while more():
         rounds += 1
@@ -210,12 +211,11 @@ def test_chaos_ten_random_kills_lose_nothing(runtime):
     assert after["completed"] - before["completed"] == len(ids)  # each exactly once: none counted twice
     assert after["duplicate_completions"] == before["duplicate_completions"]
     assert after["dead"] == before["dead"]  # none lost
-    rt.account.steps.refresh()
-    per_request = {rid: rt.account.steps.requests[rid] for rid in ids}
-    preempted = {rid: r for rid, r in per_request.items() if len(r.first_step) > 1}
-    assert all(r.lost <= len(r.first_step) - 1 for r in preempted.values()), (  # <= 1 step per preemption
-        {rid: (r.lost, r.first_step) for rid, r in preempted.items()})
-    assert len(preempted) >= 3  # the faults did hit running requests
-    print(f"chaos: {len(faults)} faults ({faults}); {len(ids)} requests, {len(preempted)} preempted, "
-          f"{sum(r.resumed for r in preempted.values())} resumed, "
-          f"steps lost {sum(r.lost for r in preempted.values())}")
+    hit = preempted()
+    assert set(ids) <= rt.account.steps.requests.keys()  # every request's steps logged
+    assert all(r.lost <= len(r.first_step) - 1 for r in hit.values()), (  # <= 1 step per preemption
+        {rid: (r.lost, r.first_step) for rid, r in hit.items()})
+    assert len(hit) >= 3  # the faults did hit running requests
+    print(f"chaos: {len(faults)} faults ({faults}); {len(ids)} requests, {len(hit)} preempted, "
+          f"{sum(r.resumed for r in hit.values())} resumed, "
+          f"steps lost {sum(r.lost for r in hit.values())}")
