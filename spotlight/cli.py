@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
         "on training prompts, the rollout SDE; mean ± spread over seed sets.",
     )
     ev.add_argument(
-        "--checkpoint", default="builtin:base", help="spotlight .safetensors (default: the shipped base)"
+        "--checkpoint", default=None,
+        help="spotlight .safetensors or builtin:NAME (default: the recipe's model.checkpoint)",
     )
     ev.add_argument("--recipe", default="tiny", help="recipe giving prompts, sampler and eval settings")
     ev.add_argument("--out", type=Path, default=Path("runs/eval"), help="where the sample grid goes")
@@ -275,10 +276,11 @@ def _eval(args) -> int:
     from spotlight.loop import Loop
     from spotlight.recipe import load_recipe
 
+    chosen = [] if args.checkpoint is None else [f"model.checkpoint={json.dumps(args.checkpoint)}"]
     recipe = load_recipe(
         args.recipe,
         [
-            f"model.checkpoint={json.dumps(args.checkpoint)}",
+            *chosen,
             f"run.out_dir={json.dumps(str(args.out))}",
             'run.name="eval"',
             *args.overrides,
@@ -300,7 +302,7 @@ def _eval(args) -> int:
     print(
         json.dumps(
             {
-                "checkpoint": args.checkpoint,
+                "checkpoint": recipe.model.checkpoint,
                 "headline": result["eval_headline"],
                 "eval_reward": result["eval_reward"],
                 "eval_reward_std": result["eval_reward_std"],

@@ -219,6 +219,21 @@ def test_recipe_ocr_runs_on_the_shipped_base(tmp_path):
     assert evals and 0.0 <= evals[0]["eval_reward"] <= 1.0
 
 
+def test_eval_defaults_to_the_recipes_checkpoint(tmp_path, capsys):
+    """`spotlight eval --recipe ocr` evaluates the OCR base the recipe names, not the shapes base;
+    `--checkpoint` still chooses another."""
+    import json
+
+    from spotlight.cli import main
+
+    small = [f"--out={tmp_path}", "run.eval_seeds=1", "run.eval_samples=1", "sampler.eval_steps=2",
+             "reward.threads=1"]
+    for extra, want in (([], "builtin:ocr_base"), (["--checkpoint", "builtin:base"], "builtin:base")):
+        capsys.readouterr()
+        assert main(["eval", "--recipe", "ocr", *extra, *small]) == 0
+        assert json.loads(capsys.readouterr().out)["checkpoint"] == want
+
+
 def test_rendered_pretraining_set():
     import random
 
@@ -264,16 +279,16 @@ def test_misspelling_pretraining_set():
 
 
 def test_text_pretraining_defaults_to_the_shipped_bases_model():
-    """`spotlight pretrain --task text` with no model overrides trains the model the `ocr` recipe
-    loads (the 16x64 strip, letter + place, no encoder layer); overrides apply on top, the shapes
+    """`spotlight pretrain --task text` with no model overrides trains the model of the shipped OCR
+    base (the 16x64 strip, letter + place, no encoder layer); overrides apply on top, the shapes
     task keeps its square, and an unknown task is one ConfigError line."""
     from spotlight.pretrain import task_model
     from spotlight.recipe import load_recipe
 
     text, shapes = task_model("text"), task_model("shapes")
-    ocr = load_recipe("ocr").model
-    assert (text.image_size, text.image_width, text.text_embedding, text.text_layers) == (
-        ocr.image_size, ocr.image_width, "letter_place", ocr.text_layers)
+    shipped = build_model(load_recipe("ocr").model, text_task.VOCABULARY).cfg  # the checkpoint's own config
+    fields = ("image_size", "image_width", "text_embedding", "text_layers", "layers", "text_dim")
+    assert [getattr(text, f) for f in fields] == [getattr(shipped, f) for f in fields]
     assert text.checkpoint is None
     assert (shapes.image_size, shapes.image_width, shapes.text_embedding) == (32, 0, "token")
     wide = task_model("text", ["model.image_width=128", "model.text_embedding=token"])
